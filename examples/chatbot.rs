@@ -1,0 +1,303 @@
+//! A terminal chatbot whose every LLM call carries the user's MCP context.
+//!
+//! ```text
+//! cargo run --example chatbot -- [--config PATH] [--user NAME] [--model M] [--dry-run] [--tools|--tools-only]
+//! ```
+//!
+//! Endpoint: `OPENAI_BASE_URL` (default the official API) and `OPENAI_API_KEY`.
+//! With neither set it says so and runs in `--dry-run` mode, printing the
+//! request it would send. Commands: `/resources`, `/context`, `/user NAME`,
+//! `/clear`, `/quit`; `@server:uri` in a message narrows that turn's context.
+//! When stdin is not a terminal it reads one message per line and prints
+//! answers on stdout, with no prompts (scriptable and testable).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_openai::config::OpenAIConfig;
+use async_openai::types::chat::{
+    ChatCompletionRequestAssistantMessage, ChatCompletionRequestMessage, ChatCompletionRequestUserMessage,
+    CreateChatCompletionRequest, CreateChatCompletionRequestArgs,
+};
+use futures::StreamExt;
+use mcp_context::{Config, ContextClient, ContextRequest, McpContext, Report, ResourceId, format_listing};
+
+struct Args {
+    config: Option<PathBuf>,
+    user: String,
+    model: String,
+    dry_run: bool,
+    tools: bool,
+    inject: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a =
+        Args { config: None, user: "alice".into(), model: "gpt-4o".into(), dry_run: false, tools: false, inject: true };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--config" => a.config = Some(value("--config")?.into()),
+            "--user" => a.user = value("--user")?,
+            "--model" => a.model = value("--model")?,
+            "--dry-run" => a.dry_run = true,
+            "--tools" => a.tools = true,
+            "--tools-only" => (a.tools, a.inject) = (true, false),
+            "-h" | "--help" => {
+                println!("usage: chatbot [--config PATH] [--user NAME] [--model M] [--dry-run] [--tools|--tools-only]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument `{other}` (try --help)")),
+        }
+    }
+    Ok(a)
+}
+
+/// Where the chat reads lines from.
+enum Input {
+    Lines(tokio::io::Lines<tokio::io::BufReader<tokio::io::Stdin>>),
+    Editor(Box<rustyline::DefaultEditor>),
+}
+
+impl Input {
+    async fn next(&mut self, prompt: &str) -> Option<String> {
+        match self {
+            Input::Lines(lines) => tokio::select! {
+                l = lines.next_line() => l.ok().flatten(),
+                _ = tokio::signal::ctrl_c() => None,
+            },
+            Input::Editor(ed) => loop {
+                // rustyline blocks; keep it off the runtime's worker threads.
+                let p = prompt.to_owned();
+                let read = tokio::task::block_in_place(|| ed.readline(&p));
+                match read {
+                    Ok(l) => {
+                        let _ = ed.add_history_entry(l.as_str());
+                        return Some(l);
+                    }
+                    Err(rustyline::error::ReadlineError::Interrupted) => continue,
+                    Err(_) => return None,
+                }
+            },
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("demo-server") {
+        // The default config launches the demo MCP server through this binary.
+        return match mcp_context::demo::serve_stdio().await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(_) => std::process::ExitCode::FAILURE,
+        };
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MCP_CONTEXT_LOG").unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = parse_args()?;
+    let interactive = std::io::stdin().is_terminal();
+    let base = std::env::var("OPENAI_BASE_URL").ok().filter(|s| !s.is_empty());
+    let key = std::env::var("OPENAI_API_KEY").ok().filter(|s| !s.is_empty());
+    if base.is_none() && key.is_none() && !args.dry_run {
+        eprintln!(
+            "note: neither OPENAI_BASE_URL nor OPENAI_API_KEY is set; running in --dry-run mode (requests are printed, not sent)"
+        );
+        args.dry_run = true;
+    }
+    let config = Config::load(&Config::locate(args.config.as_deref()))?;
+    let context = Arc::new(McpContext::from_config(&config).await?);
+    for f in context.hub().failures() {
+        eprintln!("warning: server {} failed: {}", f.server, f.error);
+    }
+    let mut openai = OpenAIConfig::new();
+    if let Some(b) = base {
+        openai = openai.with_api_base(b.trim_end_matches('/'));
+    }
+    let client = ContextClient::new(async_openai::Client::with_config(openai), context.clone());
+    let result = chat(&client, &mut args, interactive).await;
+    context.close().await;
+    result
+}
+
+async fn chat(
+    client: &ContextClient<OpenAIConfig>,
+    args: &mut Args,
+    interactive: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let ctx = client.context().clone();
+    let mut input = if interactive {
+        println!(
+            "mcp-context chatbot: user {}, model {}. /resources /context /user NAME /clear /quit",
+            args.user, args.model
+        );
+        Input::Editor(Box::new(rustyline::DefaultEditor::new()?))
+    } else {
+        use tokio::io::AsyncBufReadExt;
+        Input::Lines(tokio::io::BufReader::new(tokio::io::stdin()).lines())
+    };
+    let mut history: Vec<ChatCompletionRequestMessage> = Vec::new();
+    let mut last_report: Option<Report> = None;
+    let out = |s: &str| {
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, "{s}");
+        let _ = o.flush();
+    };
+    while let Some(line) = input.next(&format!("{}> ", args.user)).await {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(cmd) = line.strip_prefix('/') {
+            let (name, rest) = cmd.split_once(' ').unwrap_or((cmd, ""));
+            match name {
+                "quit" | "exit" => break,
+                "clear" => {
+                    history.clear();
+                    out("(conversation cleared)");
+                }
+                "user" if !rest.trim().is_empty() => {
+                    args.user = rest.trim().to_owned();
+                    out(&format!("(now chatting as {})", args.user));
+                }
+                "resources" => out(format_listing(&ctx.visible_resources(&args.user), None).trim_end()),
+                "context" => match &last_report {
+                    Some(r) => out(r.to_string().trim_end()),
+                    None => out("(no context injected yet)"),
+                },
+                _ => out("commands: /resources /context /user NAME /clear /quit"),
+            }
+            continue;
+        }
+        // @server:uri mentions narrow this turn's context.
+        let mentions: Vec<&str> = line.split_whitespace().filter_map(|w| w.strip_prefix('@')).collect();
+        let mut selection = None;
+        if !mentions.is_empty() {
+            let visible = ctx.visible_resources(&args.user);
+            let mut chosen = Vec::new();
+            for m in mentions {
+                match ResourceId::parse(m) {
+                    Ok(id) if visible.iter().any(|r| r.id == id) || policy_allows(&ctx, &args.user, &id) => {
+                        chosen.push(id)
+                    }
+                    _ => out(&format!("(@{m} is not available to {}; left out of the context)", args.user)),
+                }
+            }
+            selection = Some(chosen);
+        }
+        history.push(ChatCompletionRequestUserMessage::from(line).into());
+        let request =
+            CreateChatCompletionRequestArgs::default().model(args.model.clone()).messages(history.clone()).build()?;
+        let creq = ContextRequest { user: args.user.clone(), selection, ..Default::default() };
+        let answer = if args.dry_run {
+            dry_run(&ctx, request, &creq, &mut last_report).await
+        } else if args.tools {
+            with_tools(client, request, &creq, args.inject, &mut last_report, &mut history).await
+        } else {
+            stream_answer(client, request, &creq, &mut last_report).await
+        };
+        match answer {
+            Ok(text) => history.push(ChatCompletionRequestAssistantMessage::from(text.as_str()).into()),
+            Err(e) => {
+                // The failed turn stays out of the history so the next one is clean.
+                history.pop();
+                out(&format!("error: {e}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn policy_allows(ctx: &McpContext, user: &str, id: &ResourceId) -> bool {
+    ctx.hub().server_index(&id.server).is_some()
+        && ctx.policy().for_user(user).decide(&mcp_context::Resource::unlisted(id.clone())).allowed
+}
+
+/// Streams the answer to stdout as it arrives; Ctrl-C stops this answer only.
+async fn stream_answer(
+    client: &ContextClient<OpenAIConfig>,
+    request: CreateChatCompletionRequest,
+    creq: &ContextRequest,
+    last: &mut Option<Report>,
+) -> Result<String, String> {
+    let (mut stream, report) = client.create_stream_with(request, creq).await.map_err(|e| one_line(&e.to_string()))?;
+    *last = Some(report);
+    let mut text = String::new();
+    let mut stdout = std::io::stdout();
+    loop {
+        tokio::select! {
+            chunk = stream.next() => match chunk {
+                None => break,
+                Some(Err(e)) => return Err(one_line(&e.to_string())),
+                Some(Ok(c)) => {
+                    for choice in c.choices {
+                        if let Some(t) = choice.delta.content {
+                            text.push_str(&t);
+                            let _ = write!(stdout, "{t}");
+                            let _ = stdout.flush();
+                        }
+                    }
+                }
+            },
+            _ = tokio::signal::ctrl_c() => {
+                let _ = writeln!(stdout, " [stopped]");
+                return Ok(text);
+            }
+        }
+    }
+    let _ = writeln!(stdout);
+    Ok(text)
+}
+
+async fn with_tools(
+    client: &ContextClient<OpenAIConfig>,
+    request: CreateChatCompletionRequest,
+    creq: &ContextRequest,
+    inject: bool,
+    last: &mut Option<Report>,
+    history: &mut Vec<ChatCompletionRequestMessage>,
+) -> Result<String, String> {
+    let done = client
+        .create_with_tools(request, creq, inject, 4, |r| eprintln!("[tool {}] {}", r.name, r.display))
+        .await
+        .map_err(|e| one_line(&e.to_string()))?;
+    if let Some(r) = done.report {
+        *last = Some(r);
+    }
+    history.extend(done.messages);
+    let text = done.response.choices.first().and_then(|c| c.message.content.clone()).unwrap_or_default();
+    println!("{text}");
+    Ok(text)
+}
+
+async fn dry_run(
+    ctx: &McpContext,
+    request: CreateChatCompletionRequest,
+    creq: &ContextRequest,
+    last: &mut Option<Report>,
+) -> Result<String, String> {
+    let (request, report) = ctx.inject_with(request, creq).await.map_err(|e| e.to_string())?;
+    *last = Some(report);
+    let json = serde_json::to_string_pretty(&request).map_err(|e| e.to_string())?;
+    println!("--- request (dry run, not sent) ---\n{json}\n--- end ---");
+    Ok("(dry run: nothing was sent)".into())
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}

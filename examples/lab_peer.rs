@@ -1,0 +1,147 @@
+//! mcp-context as a peer of the lab (`../shared/lab`, `EXTRA_PEERS`).
+//!
+//! Spawns the server command, lists every page, reads every resource
+//! (concurrently by default, `--sequential` for one at a time), builds the
+//! lab's canonical context string (text parts and `[Binary Data (MIME)]`
+//! joined with "\n\n", in list order), counts o200k tokens, and prints the
+//! lab's JSON line. All of it through the library's own hub and renderer.
+//!
+//! ```text
+//! cargo build --release --example lab_peer --example bench_server
+//! target/release/examples/lab_peer --server-cmd "target/release/examples/bench_server --n 1000"
+//! ```
+
+use std::time::Instant;
+
+use mcp_context::{Config, ContentPart, Hub, ResourceId};
+
+fn split_command(s: &str) -> Vec<String> {
+    // Minimal shell-like split: whitespace, with '...' and "..." quoting.
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    let mut any = false;
+    for c in s.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                any = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if any || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                    any = false;
+                }
+            }
+            (None, c) => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+fn flag_value(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let sequential = args.iter().any(|a| a == "--sequential");
+    let workload: Vec<String> = ["--n", "--size", "--page-size", "--seed"]
+        .iter()
+        .filter_map(|f| flag_value(&args, f).map(|v| format!("{f} {v}")))
+        .collect();
+    let cmd = flag_value(&args, "--server-cmd")
+        .or_else(|| std::env::var("BENCH_SERVER_CMD").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| {
+            let lab = std::env::var("LAB_DIR").unwrap_or_else(|_| "../shared/lab".into());
+            format!("{lab}/.venv/bin/python {lab}/bench_server.py {}", workload.join(" "))
+        });
+    let mut parts = split_command(&cmd);
+    if flag_value(&args, "--server-cmd").is_some() || std::env::var("BENCH_SERVER_CMD").is_ok() {
+        // The lab passes workload flags separately; forward them to our server command too.
+        for w in &workload {
+            parts.extend(w.split(' ').map(str::to_owned));
+        }
+    }
+    let yaml = serde_json::json!({
+        "servers": {"bench": {
+            "command": parts[0], "args": &parts[1..], "timeout_ms": 60000,
+            "inherit_env": ["BENCH_N", "BENCH_SIZE", "BENCH_PAGE_SIZE", "BENCH_SEED", "VIRTUAL_ENV", "PYTHONPATH"],
+            "max_concurrent_reads": 64
+        }},
+        "context": {"max_resource_bytes": 1u64 << 30}
+    })
+    .to_string();
+    let config = Config::from_yaml(&yaml, std::path::Path::new("./lab-peer.yaml")).expect("peer config");
+    // Load the tokenizer before the clock starts, as the lab's peers do.
+    let bpe = tiktoken_rs::o200k_base_singleton();
+
+    let start = Instant::now();
+    let hub = Hub::connect(&config).await;
+    if let Some(f) = hub.failures().first() {
+        eprintln!("lab_peer: {}: {}", f.server, f.error);
+        std::process::exit(1);
+    }
+    let status = hub.status().remove(0);
+    let resources = hub.listed("bench");
+    let ids: Vec<ResourceId> = resources.iter().map(|r| r.id.clone()).collect();
+    let t_read = Instant::now();
+    let results = if sequential {
+        let mut v = Vec::with_capacity(ids.len());
+        for id in &ids {
+            v.push(hub.read(id).await);
+        }
+        v
+    } else {
+        hub.read_many(&ids).await
+    };
+    let mut pieces: Vec<String> = Vec::with_capacity(ids.len());
+    for (r, res) in resources.iter().zip(results) {
+        let c = res.unwrap_or_else(|e| panic!("read {}: {e}", r.id));
+        for p in &c.parts {
+            pieces.push(match p {
+                ContentPart::Text { text, .. } => text.clone(),
+                ContentPart::Blob { mime_type, .. } => format!(
+                    "[Binary Data ({})]",
+                    mime_type.as_deref().or(r.mime_type.as_deref()).unwrap_or("application/octet-stream")
+                ),
+            });
+        }
+    }
+    let context = pieces.join("\n\n");
+    let read_s = t_read.elapsed().as_secs_f64();
+    let gather_s = start.elapsed().as_secs_f64();
+    let t_tok = Instant::now();
+    let tokens = bpe.encode_ordinary(&context).len();
+    let tokenize_s = t_tok.elapsed().as_secs_f64();
+    let total_s = start.elapsed().as_secs_f64();
+    let protocol = status.protocol.clone().unwrap_or_default();
+    let t_close = Instant::now();
+    hub.close().await;
+    let shutdown_s = t_close.elapsed().as_secs_f64();
+    let line = serde_json::json!({
+        "client": if sequential { "mcp-context-sequential" } else { "mcp-context" },
+        "resources": resources.len(),
+        "chars": context.chars().count(),
+        "tokens": tokens,
+        "spawn_to_connected_s": status.connect_ms / 1e3,
+        "list_s": status.list_ms / 1e3,
+        "read_s": read_s,
+        "tokenize_s": tokenize_s,
+        "total_s": total_s,
+        "gather_s": gather_s,
+        "shutdown_s": shutdown_s,
+        "mode": if sequential { "sequential" } else { "concurrent-64" },
+        "pages": serde_json::Value::Null,
+        "protocol": protocol,
+        "encoding": "o200k_base",
+        "impl": format!("mcp-context {} (rmcp 3.11)", env!("CARGO_PKG_VERSION")),
+    });
+    println!("{line}");
+}

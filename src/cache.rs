@@ -1,0 +1,252 @@
+//! The content cache: read contents by `(server, uri)`, kept correct.
+//!
+//! - Servers that support `resources/subscribe` get a subscription for every
+//!   cached resource; an entry lives until `notifications/resources/updated`
+//!   drops it (or a `list_changed` re-list shows the resource is gone).
+//! - Other servers' entries expire after `cache_ttl_ms`; `cache: false`
+//!   disables caching for a server.
+//! - Server hints win: a read result's `ttlMs` bounds the entry's life, and a
+//!   `private` entry is stored under the requesting user and never served to
+//!   another.
+//! - A read that races with an invalidation is not stored (a generation
+//!   counter per resource), so an update is never lost.
+//! - Concurrent requests for the same cold resource share one read
+//!   (single-flight).
+//! - `serve_stale: true` lets a failed re-read fall back to the last good
+//!   content, marked stale in the report.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared, join_all};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::hub::{Hub, HubEvent};
+use crate::id::ResourceId;
+use crate::resource::{Contents, Resource};
+
+/// What a read through the cache returns.
+#[derive(Debug, Clone)]
+pub(crate) struct CachedRead {
+    pub contents: Arc<Contents>,
+    /// The last good content, served because a re-read failed.
+    pub stale: bool,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+struct Key {
+    id: ResourceId,
+    /// `Some(user)` for `private` entries.
+    user: Option<String>,
+}
+
+struct Entry {
+    contents: Arc<Contents>,
+    expires: Option<Instant>,
+}
+
+type Flight = Shared<BoxFuture<'static, std::result::Result<Arc<Contents>, Arc<Error>>>>;
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<Key, Entry>,
+    /// Bumped on every invalidation of an id; a read only stores its result
+    /// if the generation it started with is still current.
+    generation: HashMap<ResourceId, u64>,
+    inflight: HashMap<ResourceId, Flight>,
+    subscribed: std::collections::HashSet<ResourceId>,
+}
+
+pub(crate) struct ContentCache {
+    hub: Hub,
+    state: Arc<Mutex<State>>,
+    settings: HashMap<String, (bool, Duration, bool)>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for ContentCache {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+impl ContentCache {
+    pub fn new(hub: Hub, config: &Config) -> Self {
+        let state: Arc<Mutex<State>> = Arc::default();
+        let settings = config.servers.iter().map(|s| (s.name.clone(), (s.cache, s.cache_ttl, s.serve_stale))).collect();
+        let mut events = hub.events();
+        let weak = Arc::downgrade(&state);
+        let hub2 = hub.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let ev = match events.recv().await {
+                    Ok(ev) => ev,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        // We missed notifications: the only safe answer is to forget everything.
+                        if let Some(s) = weak.upgrade() {
+                            let mut s = lock(&s);
+                            s.entries.clear();
+                            bump_all(&mut s);
+                        }
+                        continue;
+                    }
+                    Err(_) => return,
+                };
+                let Some(state) = weak.upgrade() else { return };
+                let mut s = lock(&state);
+                match ev {
+                    HubEvent::Updated { server, uri } => {
+                        let id = ResourceId::from_listing(&server, &uri);
+                        invalidate(&mut s, &id);
+                    }
+                    HubEvent::ListChanged { server } => {
+                        let listed: std::collections::HashSet<String> =
+                            hub2.resources().into_iter().filter(|r| r.id.server == server).map(|r| r.id.uri).collect();
+                        let gone: Vec<ResourceId> = s
+                            .entries
+                            .keys()
+                            .filter(|k| k.id.server == server && !listed.contains(&k.id.uri))
+                            .map(|k| k.id.clone())
+                            .collect();
+                        for id in gone {
+                            invalidate(&mut s, &id);
+                            s.subscribed.remove(&id);
+                        }
+                    }
+                }
+            }
+        });
+        Self { hub, state, settings, task: Some(task) }
+    }
+
+    /// Number of cached entries.
+    pub fn len(&self) -> usize {
+        lock(&self.state).entries.len()
+    }
+
+    /// Reads every resource through the cache, concurrently; results in order.
+    pub async fn read_many(&self, resources: &[Resource], user: &str) -> Vec<Result<CachedRead>> {
+        join_all(resources.iter().map(|r| self.read(&r.id, user))).await
+    }
+
+    /// Reads one resource through the cache.
+    pub async fn read(&self, id: &ResourceId, user: &str) -> Result<CachedRead> {
+        let (enabled, ttl, serve_stale) =
+            self.settings.get(&id.server).copied().unwrap_or((false, Duration::ZERO, false));
+        let now = Instant::now();
+        let (flight, stale_candidate) = {
+            let mut s = lock(&self.state);
+            if enabled {
+                for key in [Key { id: id.clone(), user: Some(user.to_owned()) }, Key { id: id.clone(), user: None }] {
+                    if let Some(e) = s.entries.get(&key)
+                        && e.expires.is_none_or(|t| t > now)
+                    {
+                        return Ok(CachedRead { contents: e.contents.clone(), stale: false });
+                    }
+                }
+            }
+            let stale = if serve_stale {
+                s.entries
+                    .get(&Key { id: id.clone(), user: Some(user.to_owned()) })
+                    .or_else(|| s.entries.get(&Key { id: id.clone(), user: None }))
+                    .map(|e| e.contents.clone())
+            } else {
+                None
+            };
+            let flight = match s.inflight.get(id) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = self.start_read(&mut s, id.clone(), enabled, ttl);
+                    s.inflight.insert(id.clone(), f.clone());
+                    f
+                }
+            };
+            (flight, stale)
+        };
+        match flight.await {
+            Ok(c) => {
+                // A private answer is the requesting user's only; single-flight
+                // sharing is safe because every caller passed the policy for
+                // this id, but a private entry is stored per user (start_read
+                // stores it under no user; fix up here).
+                if c.private && enabled {
+                    let mut s = lock(&self.state);
+                    if let Some(e) = s.entries.remove(&Key { id: id.clone(), user: None }) {
+                        s.entries.insert(Key { id: id.clone(), user: Some(user.to_owned()) }, e);
+                    }
+                }
+                Ok(CachedRead { contents: c, stale: false })
+            }
+            Err(e) => match stale_candidate {
+                Some(contents) => Ok(CachedRead { contents, stale: true }),
+                None => Err(e.duplicate()),
+            },
+        }
+    }
+
+    fn start_read(&self, s: &mut State, id: ResourceId, enabled: bool, ttl: Duration) -> Flight {
+        let generation = s.generation.get(&id).copied().unwrap_or(0);
+        let hub = self.hub.clone();
+        let state = self.state.clone();
+        async move {
+            let result = hub.read(&id).await;
+            let mut s = lock(&state);
+            s.inflight.remove(&id);
+            let contents = Arc::new(result.map_err(Arc::new)?);
+            let current = s.generation.get(&id).copied().unwrap_or(0) == generation;
+            let hint_ttl = contents.ttl_ms.map(Duration::from_millis);
+            let cacheable = enabled && current && hint_ttl != Some(Duration::ZERO);
+            let subscribe = cacheable && hub.supports_subscribe(&id.server) && !s.subscribed.contains(&id);
+            if cacheable {
+                let subscribed = s.subscribed.contains(&id) || subscribe;
+                let life = hint_ttl.or(if subscribed { None } else { Some(ttl) });
+                s.entries.insert(
+                    Key { id: id.clone(), user: None },
+                    Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l) },
+                );
+            }
+            if subscribe {
+                s.subscribed.insert(id.clone());
+                drop(s);
+                let hub = hub.clone();
+                let state = state.clone();
+                tokio::spawn(async move {
+                    if !matches!(hub.subscribe(&id).await, Ok(true)) {
+                        // Without a subscription the entry must not live forever.
+                        let mut s = lock(&state);
+                        s.subscribed.remove(&id);
+                        invalidate(&mut s, &id);
+                    }
+                });
+            }
+            Ok(contents)
+        }
+        .boxed()
+        .shared()
+    }
+}
+
+fn invalidate(s: &mut State, id: &ResourceId) {
+    s.entries.retain(|k, _| &k.id != id);
+    *s.generation.entry(id.clone()).or_default() += 1;
+}
+
+fn bump_all(s: &mut State) {
+    for g in s.generation.values_mut() {
+        *g += 1;
+    }
+    // Reads in flight for ids without a generation yet must not store either.
+    let ids: Vec<ResourceId> = s.inflight.keys().cloned().collect();
+    for id in ids {
+        *s.generation.entry(id).or_default() += 1;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

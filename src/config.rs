@@ -1,0 +1,604 @@
+//! The configuration file (`mcp-context.yaml`).
+//!
+//! Parsed strictly (unknown keys are errors) straight from the source text so
+//! that every error carries a line and column. JSON configs written for Claude
+//! Desktop, Cursor or Gemini CLI (`mcpServers`, `httpUrl`, `type`, `timeout`)
+//! load unchanged, because JSON is YAML.
+//!
+//! `${VAR}` is expanded from the environment in `command`, `args`, `env`,
+//! `cwd`, `url` and `headers`. An unset variable is an error naming the
+//! variable and the line, never its value. `${MCP_CONTEXT_EXE}` defaults to
+//! the running executable, which is how the bundled demo server is launched
+//! (`mcp-context demo-server`) without any install.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use indexmap_lite::OrderedMap;
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::id::validate_server_name;
+
+/// Default per-request timeout.
+pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+/// Default token budget of the injected message.
+pub const DEFAULT_MAX_TOKENS: usize = 4000;
+/// Default cap on the text of one resource, applied before tokenising.
+pub const DEFAULT_MAX_RESOURCE_BYTES: usize = 1 << 20;
+/// Default number of reads in flight per server.
+pub const DEFAULT_MAX_CONCURRENT_READS: usize = 16;
+/// Default cache lifetime for servers that cannot notify us of changes.
+pub const DEFAULT_CACHE_TTL_MS: u64 = 30_000;
+
+/// Environment variables a stdio server inherits from the host by default.
+/// Everything else must be named in the server's `env` or `inherit_env`: the
+/// host's environment is full of secrets that a third-party server has no
+/// business seeing.
+pub const ENV_ALLOWLIST: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TMPDIR",
+    "TZ",
+    "SYSTEMROOT",
+    "NODE_PATH",
+    "NVM_DIR",
+    "RUST_LOG",
+];
+
+mod indexmap_lite {
+    //! A map that keeps the file's order (server order matters: it breaks
+    //! priority ties) without another dependency.
+    use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    #[derive(Debug, Clone)]
+    pub struct OrderedMap<V>(pub Vec<(String, V)>);
+
+    impl<V> Default for OrderedMap<V> {
+        fn default() -> Self {
+            OrderedMap(Vec::new())
+        }
+    }
+
+    impl<'de, V: Deserialize<'de>> Deserialize<'de> for OrderedMap<V> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V2<V>(PhantomData<V>);
+            impl<'de, V: Deserialize<'de>> Visitor<'de> for V2<V> {
+                type Value = OrderedMap<V>;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("a map of server names to server settings")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                    let mut out: Vec<(String, V)> = Vec::new();
+                    while let Some((k, v)) = m.next_entry::<String, V>()? {
+                        if out.iter().any(|(x, _)| *x == k) {
+                            return Err(serde::de::Error::custom(format!("server `{k}` is defined twice")));
+                        }
+                        out.push((k, v));
+                    }
+                    Ok(OrderedMap(out))
+                }
+            }
+            d.deserialize_map(V2(PhantomData))
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default, alias = "mcpServers")]
+    servers: OrderedMap<RawServer>,
+    #[serde(default)]
+    policy: Option<String>,
+    #[serde(default)]
+    context: Option<ContextSettings>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    command: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    inherit_env: Vec<String>,
+    cwd: Option<String>,
+    #[serde(alias = "httpUrl")]
+    url: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(alias = "timeout")]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    disabled: bool,
+    max_concurrent_reads: Option<usize>,
+    cache: Option<bool>,
+    cache_ttl_ms: Option<u64>,
+    #[serde(default)]
+    serve_stale: bool,
+}
+
+impl fmt::Debug for RawServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RawServer { .. }")
+    }
+}
+
+/// Which message role carries the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageRole {
+    /// A `system` message (default).
+    #[default]
+    System,
+    /// A `developer` message, for newer OpenAI models.
+    Developer,
+}
+
+impl fmt::Display for MessageRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MessageRole::System => "system",
+            MessageRole::Developer => "developer",
+        })
+    }
+}
+
+/// The `context:` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextSettings {
+    /// Model name; selects the tokenizer.
+    #[serde(default = "default_model")]
+    pub model: String,
+    /// Token budget of the injected message (a ceiling for every user).
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// Role of the injected message.
+    #[serde(default)]
+    pub role: MessageRole,
+    /// Text that opens the message; `None` uses the built-in preamble.
+    #[serde(default)]
+    pub preamble: Option<String>,
+    /// Text of one resource beyond this many bytes is cut before tokenising.
+    #[serde(default = "default_max_resource_bytes")]
+    pub max_resource_bytes: usize,
+    /// Token cap of one `read_mcp_resource` tool result.
+    #[serde(default = "default_tool_max_tokens")]
+    pub tool_result_max_tokens: usize,
+}
+
+fn default_model() -> String {
+    "gpt-4o".into()
+}
+fn default_max_tokens() -> usize {
+    DEFAULT_MAX_TOKENS
+}
+fn default_max_resource_bytes() -> usize {
+    DEFAULT_MAX_RESOURCE_BYTES
+}
+fn default_tool_max_tokens() -> usize {
+    2000
+}
+
+impl Default for ContextSettings {
+    fn default() -> Self {
+        Self {
+            model: default_model(),
+            max_tokens: DEFAULT_MAX_TOKENS,
+            role: MessageRole::System,
+            preamble: None,
+            max_resource_bytes: DEFAULT_MAX_RESOURCE_BYTES,
+            tool_result_max_tokens: default_tool_max_tokens(),
+        }
+    }
+}
+
+/// How to reach one server.
+#[derive(Clone)]
+pub enum Transport {
+    /// A child process speaking newline-delimited JSON-RPC on stdio.
+    Stdio {
+        /// Program to run.
+        command: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Variables set for it (on top of the allowlisted host variables).
+        env: BTreeMap<String, String>,
+        /// Extra host variables to pass through by name.
+        inherit_env: Vec<String>,
+        /// Working directory.
+        cwd: Option<PathBuf>,
+    },
+    /// Streamable HTTP.
+    Http {
+        /// Endpoint URL.
+        url: String,
+        /// Extra request headers (e.g. `Authorization`).
+        headers: BTreeMap<String, String>,
+    },
+}
+
+impl fmt::Debug for Transport {
+    /// Never prints `env` or header values: they hold secrets.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Transport::Stdio { command, args, env, cwd, .. } => f
+                .debug_struct("Stdio")
+                .field("command", command)
+                .field("args", &args.len())
+                .field("env", &env.keys().collect::<Vec<_>>())
+                .field("cwd", cwd)
+                .finish(),
+            Transport::Http { url, headers } => f
+                .debug_struct("Http")
+                .field("url", &redact_url(url))
+                .field("headers", &headers.keys().collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+/// Strips userinfo and the query from a URL before it is logged or reported.
+pub(crate) fn redact_url(url: &str) -> String {
+    let mut s = url.split(['?', '#']).next().unwrap_or(url).to_owned();
+    if let Some(scheme_end) = s.find("://") {
+        let rest = &s[scheme_end + 3..];
+        if let Some(at) = rest.find('@').filter(|at| !rest[..*at].contains('/')) {
+            s = format!("{}://***@{}", &s[..scheme_end], &rest[at + 1..]);
+        }
+    }
+    s
+}
+
+/// One configured server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Its name (letters, digits, `-`, `_`).
+    pub name: String,
+    /// How to reach it.
+    pub transport: Transport,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// Reads in flight at once on this server.
+    pub max_concurrent_reads: usize,
+    /// Whether read contents are cached.
+    pub cache: bool,
+    /// Cache lifetime when the server cannot notify changes.
+    pub cache_ttl: Duration,
+    /// Serve the last good content when a re-read fails.
+    pub serve_stale: bool,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it was loaded from (for messages); relative paths resolved against its folder.
+    pub path: PathBuf,
+    /// Servers, in file order (which breaks priority ties).
+    pub servers: Vec<ServerConfig>,
+    /// Policy file or folder, resolved.
+    pub policy: Option<PathBuf>,
+    /// The `context:` section.
+    pub context: ContextSettings,
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let src = std::fs::read_to_string(path).map_err(|e| Error::Config {
+            path: path.to_owned(),
+            line: None,
+            column: None,
+            message: format!("cannot read the config file: {e}"),
+        })?;
+        Self::from_yaml(&src, path)
+    }
+
+    /// Finds the config the CLI way: `explicit`, else `$MCP_CONTEXT_CONFIG`, else `./mcp-context.yaml`.
+    pub fn locate(explicit: Option<&Path>) -> PathBuf {
+        if let Some(p) = explicit {
+            return p.to_owned();
+        }
+        match std::env::var_os("MCP_CONTEXT_CONFIG") {
+            Some(p) if !p.is_empty() => PathBuf::from(p),
+            _ => PathBuf::from("mcp-context.yaml"),
+        }
+    }
+
+    /// Parses config text; `path` names the file in errors and anchors relative paths.
+    pub fn from_yaml(src: &str, path: &Path) -> Result<Config> {
+        Self::from_yaml_with_env(src, path, &|k| std::env::var(k).ok())
+    }
+
+    /// Like [`Config::from_yaml`] with an explicit environment (for tests and embedding).
+    pub fn from_yaml_with_env(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
+        let err = |line: Option<usize>, column: Option<usize>, message: String| Error::Config {
+            path: path.to_owned(),
+            line,
+            column,
+            message,
+        };
+        let raw: RawConfig = if src.trim().is_empty() {
+            RawConfig { servers: OrderedMap::default(), policy: None, context: None }
+        } else {
+            parse_yaml(src).map_err(|(l, c, m)| err(l, c, m))?
+        };
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+        let line_of = |needle: &str| find_line(src, needle);
+        let expand = |s: &str, server: &str| -> Result<String> {
+            expand_vars(s, env).map_err(|var| {
+                err(
+                    line_of(&format!("${{{var}}}")),
+                    None,
+                    format!(
+                        "server `{server}`: environment variable `{var}` is not set; \
+                         set it or remove `${{{var}}}` from the config"
+                    ),
+                )
+            })
+        };
+
+        let mut servers = Vec::new();
+        for (name, s) in raw.servers.0 {
+            let at = line_of(&format!("{name}:")).or_else(|| line_of(&format!("\"{name}\"")));
+            validate_server_name(&name).map_err(|m| err(at, None, format!("invalid server name: {m}")))?;
+            if s.disabled {
+                continue;
+            }
+            let transport = match (&s.command, &s.url) {
+                (Some(_), Some(_)) => {
+                    return Err(err(at, None, format!("server `{name}` has both `command` and `url`; keep one")));
+                }
+                (None, None) => {
+                    return Err(err(
+                        at,
+                        None,
+                        format!("server `{name}` needs `command` (stdio) or `url` (Streamable HTTP)"),
+                    ));
+                }
+                (Some(cmd), None) => {
+                    if let Some(k) = s.kind.as_deref().filter(|k| *k != "stdio") {
+                        return Err(err(
+                            at,
+                            None,
+                            format!("server `{name}` has `command` but `type: {k}`; use `type: stdio`"),
+                        ));
+                    }
+                    if !s.headers.is_empty() {
+                        return Err(err(at, None, format!("server `{name}`: `headers` only apply to `url` servers")));
+                    }
+                    let command = expand(cmd, &name)?;
+                    let command = if command.contains('/') && Path::new(&command).is_relative() {
+                        base.join(&command).to_string_lossy().into_owned()
+                    } else {
+                        command
+                    };
+                    let mut env_out = BTreeMap::new();
+                    for (k, v) in &s.env {
+                        env_out.insert(k.clone(), expand(v, &name)?);
+                    }
+                    Transport::Stdio {
+                        command,
+                        args: s.args.iter().map(|a| expand(a, &name)).collect::<Result<_>>()?,
+                        env: env_out,
+                        inherit_env: s.inherit_env.clone(),
+                        cwd: s.cwd.as_deref().map(|c| expand(c, &name).map(|c| base.join(c))).transpose()?,
+                    }
+                }
+                (None, Some(url)) => {
+                    if let Some(k) =
+                        s.kind.as_deref().filter(|k| !matches!(*k, "http" | "streamable-http" | "streamableHttp"))
+                    {
+                        return Err(err(
+                            at,
+                            None,
+                            format!(
+                                "server `{name}`: `type: {k}` is not supported; use Streamable HTTP (`type: http`)"
+                            ),
+                        ));
+                    }
+                    if !s.args.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
+                        return Err(err(
+                            at,
+                            None,
+                            format!("server `{name}`: `args`, `env` and `cwd` only apply to `command` servers"),
+                        ));
+                    }
+                    let url = expand(url, &name)?;
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return Err(err(at, None, format!("server `{name}`: url must start with http:// or https://")));
+                    }
+                    let mut headers = BTreeMap::new();
+                    for (k, v) in &s.headers {
+                        headers.insert(k.clone(), expand(v, &name)?);
+                    }
+                    Transport::Http { url, headers }
+                }
+            };
+            let timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+            if timeout_ms == 0 {
+                return Err(err(at, None, format!("server `{name}`: timeout_ms must be at least 1")));
+            }
+            let reads = s.max_concurrent_reads.unwrap_or(DEFAULT_MAX_CONCURRENT_READS);
+            if reads == 0 {
+                return Err(err(at, None, format!("server `{name}`: max_concurrent_reads must be at least 1")));
+            }
+            servers.push(ServerConfig {
+                name,
+                transport,
+                timeout: Duration::from_millis(timeout_ms),
+                max_concurrent_reads: reads,
+                cache: s.cache.unwrap_or(true),
+                cache_ttl: Duration::from_millis(s.cache_ttl_ms.unwrap_or(DEFAULT_CACHE_TTL_MS)),
+                serve_stale: s.serve_stale,
+            });
+        }
+        let context = raw.context.unwrap_or_default();
+        if context.max_tokens == 0 {
+            return Err(err(line_of("max_tokens"), None, "context.max_tokens must be at least 1".into()));
+        }
+        Ok(Config { path: path.to_owned(), servers, policy: raw.policy.map(|p| base.join(p)), context })
+    }
+
+    /// The server of that name.
+    pub fn server(&self, name: &str) -> Option<&ServerConfig> {
+        self.servers.iter().find(|s| s.name == name)
+    }
+}
+
+/// The one place YAML is parsed, so the YAML crate can be swapped. Returns
+/// (line, column, message) on error.
+pub(crate) fn parse_yaml<T: serde::de::DeserializeOwned>(
+    src: &str,
+) -> std::result::Result<T, (Option<usize>, Option<usize>, String)> {
+    serde_yaml::from_str(src).map_err(|e| {
+        let loc = e.location();
+        let msg = e.to_string();
+        // The message already ends with "at line L column C"; keep it short.
+        let msg = match msg.find(" at line ") {
+            Some(i) if loc.is_some() => msg[..i].to_string(),
+            _ => msg,
+        };
+        (loc.as_ref().map(|l| l.line()), loc.as_ref().map(|l| l.column()), msg)
+    })
+}
+
+/// 1-based line of the first occurrence of `needle`, for errors found after parsing.
+pub(crate) fn find_line(src: &str, needle: &str) -> Option<usize> {
+    src.lines().position(|l| l.contains(needle)).map(|i| i + 1)
+}
+
+/// Expands `${VAR}`; `$${` is a literal `${`. Returns the name of the first unset variable.
+fn expand_vars(s: &str, env: &dyn Fn(&str) -> Option<String>) -> std::result::Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("${") {
+        if rest[..i].ends_with('$') {
+            out.push_str(&rest[..i - 1]);
+            out.push_str("${");
+            rest = &rest[i + 2..];
+            continue;
+        }
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[i..]);
+            return Ok(out);
+        };
+        let var = &after[..end];
+        let value = env(var).or_else(|| builtin_var(var));
+        match value {
+            Some(v) => out.push_str(&v),
+            None => return Err(var.to_owned()),
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn builtin_var(var: &str) -> Option<String> {
+    match var {
+        "MCP_CONTEXT_EXE" => std::env::current_exe().ok().map(|p| p.to_string_lossy().into_owned()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(k: &str) -> Option<String> {
+        match k {
+            "TOKEN" => Some("s3cr3t".into()),
+            _ => None,
+        }
+    }
+
+    fn load(src: &str) -> Result<Config> {
+        Config::from_yaml_with_env(src, Path::new("/etc/mc/mcp-context.yaml"), &env)
+    }
+
+    #[test]
+    fn full_example_loads_in_order() {
+        let c = load(
+            "servers:\n  zeta:\n    command: ./bin/srv\n    args: [\"--t\", \"${TOKEN}\"]\n    env: { A: \"${TOKEN}\" }\n    cwd: docs\n    timeout_ms: 500\n  alpha:\n    httpUrl: http://127.0.0.1:1/mcp\n    headers: { Authorization: \"Bearer ${TOKEN}\" }\npolicy: policies/\ncontext:\n  model: gpt-4\n  max_tokens: 100\n  role: developer\n",
+        )
+        .unwrap();
+        assert_eq!(c.servers[0].name, "zeta");
+        assert_eq!(c.servers[1].name, "alpha");
+        assert_eq!(c.policy.as_deref(), Some(Path::new("/etc/mc/policies/")));
+        assert_eq!(c.context.role, MessageRole::Developer);
+        match &c.servers[0].transport {
+            Transport::Stdio { command, args, env, cwd, .. } => {
+                assert_eq!(command, "/etc/mc/./bin/srv");
+                assert_eq!(args[1], "s3cr3t");
+                assert_eq!(env["A"], "s3cr3t");
+                assert_eq!(cwd.as_deref(), Some(Path::new("/etc/mc/docs")));
+            }
+            _ => panic!(),
+        }
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("s3cr3t"), "{dbg}");
+    }
+
+    #[test]
+    fn claude_desktop_json_loads() {
+        let c = load(r#"{"mcpServers": {"fs": {"command": "npx", "args": ["-y", "x"], "env": {}}}}"#).unwrap();
+        assert_eq!(c.servers[0].name, "fs");
+    }
+
+    #[test]
+    fn errors_name_file_and_line() {
+        let cases = [
+            ("servers:\n  a:\n    comand: x\n", "3:5", "unknown field `comand`"),
+            ("servers:\n  a:\n    command: \"${NOPE}\"\n", ":3", "`NOPE` is not set"),
+            ("servers:\n  bad:name:\n    command: x\n", ":2", "invalid server name"),
+            ("servers:\n  a:\n    command: x\n    url: http://x\n", ":2", "both `command` and `url`"),
+            ("servers:\n  a: {}\n", ":2", "needs `command`"),
+            ("context:\n  max_tokens: lots\n", "2:15", "invalid type"),
+            ("servers:\n\t a: 1\n", ":2", ""),
+            ("servers:\n  a:\n    command: x\n  a:\n    command: y\n", "", "defined twice"),
+        ];
+        for (src, loc, needle) in cases {
+            let e = load(src).unwrap_err().to_string();
+            assert!(e.starts_with("/etc/mc/mcp-context.yaml"), "{e}");
+            assert!(e.contains(loc), "{src:?}: {e}");
+            assert!(e.contains(needle), "{src:?}: {e}");
+            assert!(!e.contains("s3cr3t"));
+        }
+    }
+
+    #[test]
+    fn expansion() {
+        assert_eq!(expand_vars("a${TOKEN}b", &env).unwrap(), "as3cr3tb");
+        assert_eq!(expand_vars("$${TOKEN}", &env).unwrap(), "${TOKEN}");
+        assert_eq!(expand_vars("${X}", &env).unwrap_err(), "X");
+        assert!(expand_vars("${MCP_CONTEXT_EXE}", &env).is_ok());
+    }
+
+    #[test]
+    fn redacts_urls() {
+        assert_eq!(redact_url("https://u:p@h/x?k=1"), "https://***@h/x");
+        assert_eq!(redact_url("http://h/a@b"), "http://h/a@b");
+    }
+}

@@ -1,0 +1,317 @@
+//! The orchestrator: one request through the pipeline.
+//!
+//! ```text
+//! registry snapshot → policy (decide before reading) → select (audience,
+//! priority, mentions) → read (cache → hub, concurrent) → render → budget →
+//! message; every stage adds to one Report
+//! ```
+//!
+//! Ordering: `annotations.priority` high to low, a **missing priority counts
+//! as 0.5** (the middle of the spec's 0..1 range: an unannotated resource is
+//! neither promoted nor demoted), then server order in the config, then URI.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_openai::types::chat::CreateChatCompletionRequest;
+
+use crate::budget::{DEFAULT_MIN_USEFUL_TOKENS, PackInput, Packed, TokenCache, Tokenizer, pack};
+use crate::cache::ContentCache;
+use crate::config::{Config, ContextSettings, MessageRole};
+use crate::error::{Error, Result};
+use crate::hub::Hub;
+use crate::id::ResourceId;
+use crate::inject::inject_message;
+use crate::policy::{Policy, UserPolicy};
+use crate::render::{DEFAULT_PREAMBLE, render_block};
+use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
+use crate::resource::Resource;
+
+/// Priority given to resources that carry none.
+pub const DEFAULT_PRIORITY: f32 = 0.5;
+
+/// What to build the context for.
+#[derive(Debug, Clone, Default)]
+pub struct ContextRequest {
+    /// The user whose policy applies.
+    pub user: String,
+    /// Restrict to these resources (as `@server:uri` mentions do); they must
+    /// still be visible to the user.
+    pub selection: Option<Vec<ResourceId>>,
+    /// Override the budget (still capped by `context.max_tokens`... unless
+    /// this is the CLI's `--budget`, which *is* the ceiling).
+    pub budget: Option<usize>,
+    /// Count with this model's tokenizer instead of the configured one.
+    pub model: Option<String>,
+}
+
+impl ContextRequest {
+    /// A request for `user` with everything else from the config.
+    pub fn for_user(user: impl Into<String>) -> Self {
+        Self { user: user.into(), ..Self::default() }
+    }
+}
+
+/// The message to inject.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextMessage {
+    /// `system` or `developer`.
+    pub role: MessageRole,
+    /// The text.
+    pub content: String,
+    /// Its exact token count.
+    pub tokens: usize,
+}
+
+/// The context engine: the hub, the policy, the tokenizer and the caches,
+/// shared by every request. Cheap to share behind an `Arc`.
+pub struct McpContext {
+    hub: Hub,
+    policy: Arc<Policy>,
+    settings: ContextSettings,
+    tokens: Arc<TokenCache>,
+    cache: ContentCache,
+}
+
+impl McpContext {
+    /// Loads the policy named by the config (failing closed on any policy
+    /// error), then connects to every server.
+    pub async fn from_config(config: &Config) -> Result<Self> {
+        let policy = match &config.policy {
+            Some(p) => Policy::load(p)?,
+            None => Policy::allow_all(),
+        };
+        Ok(Self::with_policy(config, policy).await)
+    }
+
+    /// Like [`McpContext::from_config`] with a policy given directly.
+    pub async fn with_policy(config: &Config, policy: Policy) -> Self {
+        // Build the tokenizer once, off the runtime (0.2-0.7 s the first time).
+        let model = config.context.model.clone();
+        let warm = tokio::task::spawn_blocking(move || {
+            let _ = Tokenizer::for_model(&model);
+        });
+        let hub = Hub::connect(config).await;
+        let _ = warm.await;
+        let cache = ContentCache::new(hub.clone(), config);
+        Self { hub, policy: Arc::new(policy), settings: config.context.clone(), tokens: Arc::default(), cache }
+    }
+
+    /// The connections.
+    pub fn hub(&self) -> &Hub {
+        &self.hub
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The `context:` settings.
+    pub fn settings(&self) -> &ContextSettings {
+        &self.settings
+    }
+
+    pub(crate) fn content_cache(&self) -> &ContentCache {
+        &self.cache
+    }
+
+    pub(crate) fn token_cache_arc(&self) -> Arc<TokenCache> {
+        self.tokens.clone()
+    }
+
+    /// Listed resources (plus the user's policy includes) that `user` may
+    /// see, in listing order. Nothing is read.
+    pub fn visible_resources(&self, user: &str) -> Vec<Resource> {
+        let up = self.policy.for_user(user);
+        self.candidates(&up).into_iter().filter(|r| up.decide(r).allowed).collect()
+    }
+
+    fn candidates(&self, up: &UserPolicy) -> Vec<Resource> {
+        let mut all = self.hub.resources();
+        for inc in up.includes() {
+            if !all.iter().any(|r| &r.id == inc) {
+                all.push(self.hub.resource(inc).unwrap_or_else(|| Resource::unlisted(inc.clone())));
+            }
+        }
+        all
+    }
+
+    /// Builds the context message for a request. `Ok((None, report))` when
+    /// nothing is to be injected (the report says why).
+    pub async fn build(&self, req: &ContextRequest) -> Result<(Option<ContextMessage>, Report)> {
+        let started = Instant::now();
+        let up = self.policy.for_user(&req.user);
+        let model = req.model.clone().unwrap_or_else(|| self.settings.model.clone());
+        let m = model.clone();
+        let (tok, warning) = tokio::task::spawn_blocking(move || Tokenizer::for_model(&m))
+            .await
+            .map_err(|e| Error::Other(format!("tokenizer failed to load: {e}")))?;
+        let ceiling = req.budget.unwrap_or(self.settings.max_tokens);
+        let budget = up.max_tokens().map_or(ceiling, |b| b.min(ceiling));
+        let mut report = Report {
+            user: req.user.clone(),
+            model,
+            encoding: tok.encoding().to_owned(),
+            role: Some(self.settings.role),
+            budget,
+            failed_servers: self.hub.failures(),
+            warnings: warning.into_iter().collect(),
+            ..Report::default()
+        };
+
+        // 1. Who may see what: decided before anything is read.
+        let mut candidates = self.candidates(&up);
+        if let Some(sel) = &req.selection {
+            let mut chosen = Vec::new();
+            for id in sel {
+                if chosen.iter().any(|r: &Resource| &r.id == id) {
+                    continue;
+                }
+                match candidates.iter().find(|r| &r.id == id) {
+                    Some(r) => chosen.push(r.clone()),
+                    None if self.hub.server_index(&id.server).is_some() => chosen.push(Resource::unlisted(id.clone())),
+                    None => report.excluded.push(Excluded {
+                        id: id.to_string(),
+                        reason: ExcludeReason::Error,
+                        detail: Some(format!("unknown server `{}`", id.server)),
+                    }),
+                }
+            }
+            candidates = chosen;
+        }
+        let mut selected = Vec::new();
+        for r in candidates {
+            let d = up.decide(&r);
+            if !d.allowed {
+                report.excluded.push(Excluded {
+                    id: r.id.to_string(),
+                    reason: ExcludeReason::Denied,
+                    detail: Some(d.detail()),
+                });
+            } else if r.is_user_only() {
+                report.excluded.push(Excluded {
+                    id: r.id.to_string(),
+                    reason: ExcludeReason::Audience,
+                    detail: Some("annotations.audience is [user]: meant for the human, not the model".into()),
+                });
+            } else {
+                selected.push(r);
+            }
+        }
+        let order = |r: &Resource| self.hub.server_index(&r.id.server).unwrap_or(usize::MAX);
+        selected.sort_by(|a, b| {
+            let pa = a.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
+            let pb = b.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
+            pb.total_cmp(&pa).then(order(a).cmp(&order(b))).then_with(|| a.id.uri.cmp(&b.id.uri))
+        });
+        let t_select = started.elapsed();
+
+        // 2. Read what is visible, concurrently (cache first).
+        let reads = self.cache.read_many(&selected, &req.user).await;
+        let t_read = started.elapsed();
+        let mut blocks = Vec::new();
+        let mut stale = Vec::new();
+        for (r, got) in selected.iter().zip(reads) {
+            match got {
+                Ok(c) => {
+                    if c.stale {
+                        stale.push(r.id.clone());
+                    }
+                    blocks.push(render_block(r, &*c.contents));
+                }
+                Err(e) => report.excluded.push(Excluded {
+                    id: r.id.to_string(),
+                    reason: ExcludeReason::Error,
+                    detail: Some(e.to_string()),
+                }),
+            }
+        }
+
+        // 3. Fit the budget, off the async runtime (tokenising can be slow).
+        let preamble = self.settings.preamble.clone().unwrap_or_else(|| DEFAULT_PREAMBLE.to_owned());
+        let cache = self.tokens.clone();
+        let packed: Packed = tokio::task::spawn_blocking(move || {
+            pack(
+                &tok,
+                &cache,
+                PackInput { preamble: &preamble, blocks, budget, min_useful_tokens: DEFAULT_MIN_USEFUL_TOKENS },
+            )
+        })
+        .await
+        .map_err(|e| Error::Other(format!("packing failed: {e}")))?;
+        for d in packed.dropped {
+            report.excluded.push(Excluded {
+                id: d.id.to_string(),
+                reason: ExcludeReason::Budget,
+                detail: Some(d.detail),
+            });
+        }
+        report.included = packed
+            .included
+            .iter()
+            .map(|i| Included {
+                id: i.id.to_string(),
+                tokens: i.tokens,
+                truncated: i.truncated,
+                stale: stale.contains(&i.id),
+            })
+            .collect();
+        report.tokens = packed.tokens;
+        let message =
+            packed.content.map(|content| ContextMessage { role: self.settings.role, content, tokens: packed.tokens });
+        if message.is_none() {
+            report.reason = Some(if selected.is_empty() {
+                "no resource is visible to this user".into()
+            } else if report.included.is_empty() && report.excluded.iter().all(|e| e.reason != ExcludeReason::Budget) {
+                "every visible resource failed to read".into()
+            } else {
+                format!("nothing fits in the budget of {budget} tokens")
+            });
+        }
+        let total = started.elapsed();
+        report.timings = Timings {
+            select_ms: ms(t_select),
+            read_ms: ms(t_read - t_select),
+            pack_ms: ms(total - t_read),
+            total_ms: ms(total),
+        };
+        report.trace();
+        Ok((message, report))
+    }
+
+    /// Builds the context for `user` and prepends it to `request` (replacing
+    /// any earlier copy of ours). Nothing is injected when nothing is visible
+    /// or fits; the report says why.
+    pub async fn inject(
+        &self,
+        request: CreateChatCompletionRequest,
+        user: &str,
+    ) -> Result<(CreateChatCompletionRequest, Report)> {
+        self.inject_with(request, &ContextRequest::for_user(user)).await
+    }
+
+    /// [`McpContext::inject`] with selection, budget or model overrides.
+    pub async fn inject_with(
+        &self,
+        mut request: CreateChatCompletionRequest,
+        req: &ContextRequest,
+    ) -> Result<(CreateChatCompletionRequest, Report)> {
+        let mut req = req.clone();
+        if req.model.is_none() && !request.model.is_empty() {
+            req.model = Some(request.model.clone());
+        }
+        let (message, report) = self.build(&req).await?;
+        inject_message(&mut request, message.as_ref().map(|m| m.content.as_str()), self.settings.role);
+        Ok((request, report))
+    }
+
+    /// Ends every server connection. Call before the runtime stops.
+    pub async fn close(&self) {
+        self.hub.close().await;
+    }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}

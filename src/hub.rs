@@ -1,0 +1,793 @@
+//! Connections to MCP servers: spawn or dial, handshake, list, read, close.
+//!
+//! Each server lives in its own [`Server`] slot. A server that fails to start
+//! or to answer is recorded with its cause and the others carry on: a hub
+//! always comes up, with whatever servers could be reached.
+//!
+//! Lifecycle follows rmcp (`RunningService` owns the connection; dropping it
+//! cancels the loop) with two additions rmcp leaves to us:
+//! - stdio servers are spawned as leaders of their own process group, so a
+//!   signal reaches `npx`-style trees (grandchildren) too, and
+//! - [`Hub::close`] ends every server with a bounded sequence (close stdin,
+//!   wait, SIGTERM the group, wait, SIGKILL the group). If a hub is dropped
+//!   without `close()`, `Drop` sends SIGKILL to each group synchronously,
+//!   because rmcp's kill-on-drop is a spawned task that may never run while a
+//!   runtime shuts down.
+//!
+//! The protocol is pinned to the newest revision that still has the
+//! `initialize` handshake (2025-11-25): it is what deployed servers speak, and
+//! the only one with `resources/subscribe` and notification callbacks.
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex as StdMutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use futures::future::join_all;
+use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
+use rmcp::model::{
+    ClientCapabilities, ClientConfig, ErrorCode, Implementation, PaginatedRequestParams, ProtocolVersion,
+    ReadResourceRequestParams, ResourceContents, ResourceUpdatedNotificationParam,
+};
+use rmcp::service::{NotificationContext, Peer, RunningService, ServiceError};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use tokio::sync::{Semaphore, broadcast};
+
+use crate::config::{Config, ENV_ALLOWLIST, ServerConfig, Transport, redact_url};
+use crate::error::{Error, Result};
+use crate::id::ResourceId;
+use crate::resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
+
+/// Most pages we follow in one listing before calling it incomplete.
+pub const MAX_LIST_PAGES: usize = 1000;
+/// How long a server may take to exit after its stdin closes, on `close()`.
+const EXIT_GRACE: Duration = Duration::from_millis(1500);
+/// How long after SIGTERM before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_millis(1000);
+/// Longest stderr line forwarded to tracing.
+const MAX_STDERR_LINE: usize = 4096;
+
+/// Something a server told us about its resources.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HubEvent {
+    /// `notifications/resources/updated` for one URI.
+    Updated {
+        /// The server.
+        server: String,
+        /// The resource URI.
+        uri: String,
+    },
+    /// `notifications/resources/list_changed`: the hub has re-listed the server.
+    ListChanged {
+        /// The server.
+        server: String,
+    },
+}
+
+/// A server that could not be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ServerFailure {
+    /// The server name.
+    pub server: String,
+    /// What went wrong.
+    pub error: String,
+}
+
+/// Connection state of one server, for status displays.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ServerStatus {
+    /// The server name.
+    pub name: String,
+    /// Connected and usable.
+    pub connected: bool,
+    /// Protocol version negotiated.
+    pub protocol: Option<String>,
+    /// Resources listed.
+    pub resources: usize,
+    /// Templates listed.
+    pub templates: usize,
+    /// Whether the listing reached its end.
+    pub listing_complete: bool,
+    /// Problem with the connection or the listing.
+    pub problem: Option<String>,
+    /// The server supports `resources/subscribe`.
+    pub subscribe: bool,
+    /// The server announces `notifications/resources/list_changed`.
+    pub list_changed: bool,
+    /// Time from spawning (or dialing) to the end of the handshake, in ms.
+    pub connect_ms: f64,
+    /// Time to list every page of resources and templates, in ms.
+    pub list_ms: f64,
+}
+
+#[derive(Clone)]
+struct Host {
+    server: Arc<str>,
+    events: broadcast::Sender<HubEvent>,
+    relist: tokio::sync::mpsc::UnboundedSender<Arc<str>>,
+}
+
+impl ClientHandler for Host {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(ClientCapabilities::default(), Implementation::new("mcp-context", env!("CARGO_PKG_VERSION")))
+            .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _cx: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.events.send(HubEvent::Updated { server: self.server.to_string(), uri: params.uri });
+    }
+
+    async fn on_resource_list_changed(&self, _cx: NotificationContext<RoleClient>) {
+        let _ = self.relist.send(self.server.clone());
+    }
+}
+
+/// A live connection.
+struct Live {
+    peer: Peer<RoleClient>,
+    service: tokio::sync::Mutex<Option<RunningService<RoleClient, Host>>>,
+    /// Process group of a stdio server (its leader's pid).
+    pgid: Option<i32>,
+    protocol: String,
+    subscribe: bool,
+    list_changed: bool,
+    has_resources: bool,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.pgid {
+            // Synchronous and unconditional: the only kill that is certain to
+            // happen when a hub is dropped during runtime shutdown.
+            kill_group(pgid, libc::SIGKILL);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Listing {
+    resources: Vec<Resource>,
+    templates: Vec<ResourceTemplate>,
+    complete: bool,
+    problem: Option<String>,
+}
+
+struct Server {
+    cfg: ServerConfig,
+    live: RwLock<Option<Arc<Live>>>,
+    error: RwLock<Option<String>>,
+    listing: RwLock<Arc<Listing>>,
+    reads: Semaphore,
+    /// (connect, list) durations of the last connection, in ms.
+    timings: RwLock<(f64, f64)>,
+}
+
+struct Shared {
+    servers: Vec<Server>,
+    max_resource_bytes: usize,
+    events: broadcast::Sender<HubEvent>,
+    reads: Semaphore,
+    relist_task: StdMutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// Connections to every configured server. Cheap to clone; all clones share
+/// the connections. Call [`Hub::close`] before the runtime stops.
+#[derive(Clone)]
+pub struct Hub {
+    shared: Arc<Shared>,
+}
+
+/// Reads in flight across all servers at once.
+const GLOBAL_READS: usize = 64;
+
+impl Hub {
+    /// Connects to every server of `config` concurrently, each bounded by its
+    /// own timeout, and lists their resources and templates. Never fails:
+    /// servers that cannot be used are in [`Hub::failures`].
+    pub async fn connect(config: &Config) -> Hub {
+        let (events, _) = broadcast::channel(1024);
+        let (relist_tx, relist_rx) = tokio::sync::mpsc::unbounded_channel();
+        let servers: Vec<Server> = config
+            .servers
+            .iter()
+            .map(|cfg| Server {
+                cfg: cfg.clone(),
+                live: RwLock::new(None),
+                error: RwLock::new(None),
+                listing: RwLock::new(Arc::new(Listing::default())),
+                reads: Semaphore::new(cfg.max_concurrent_reads),
+                timings: RwLock::new((0.0, 0.0)),
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            servers,
+            max_resource_bytes: config.context.max_resource_bytes,
+            events: events.clone(),
+            reads: Semaphore::new(GLOBAL_READS),
+            relist_task: StdMutex::new(None),
+        });
+        join_all(shared.servers.iter().map(|s| async {
+            let host = Host { server: s.cfg.name.as_str().into(), events: events.clone(), relist: relist_tx.clone() };
+            let started = std::time::Instant::now();
+            match connect_server(&s.cfg, host).await {
+                Ok(live) => {
+                    let connected = started.elapsed();
+                    let live = Arc::new(live);
+                    *write(&s.live) = Some(live.clone());
+                    let listing = list_server(&s.cfg, &live).await;
+                    *write(&s.listing) = Arc::new(listing);
+                    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                    *write(&s.timings) = (ms(connected), ms(started.elapsed() - connected));
+                }
+                Err(e) => {
+                    tracing::warn!(server = %s.cfg.name, error = %e, "server unavailable");
+                    *write(&s.error) = Some(e);
+                }
+            }
+        }))
+        .await;
+        let task = tokio::spawn(relist_loop(Arc::downgrade(&shared), relist_rx));
+        if let Ok(mut t) = shared.relist_task.lock() {
+            *t = Some(task);
+        }
+        Hub { shared }
+    }
+
+    /// Names of the configured servers, in config order.
+    pub fn server_names(&self) -> Vec<String> {
+        self.shared.servers.iter().map(|s| s.cfg.name.clone()).collect()
+    }
+
+    /// Position of a server in the config (ties in priority are broken by it).
+    pub fn server_index(&self, name: &str) -> Option<usize> {
+        self.shared.servers.iter().position(|s| s.cfg.name == name)
+    }
+
+    /// Status of every server.
+    pub fn status(&self) -> Vec<ServerStatus> {
+        self.shared
+            .servers
+            .iter()
+            .map(|s| {
+                let live = read(&s.live).clone();
+                let listing = read(&s.listing).clone();
+                ServerStatus {
+                    name: s.cfg.name.clone(),
+                    connected: live.is_some(),
+                    protocol: live.as_ref().map(|l| l.protocol.clone()),
+                    resources: listing.resources.len(),
+                    templates: listing.templates.len(),
+                    listing_complete: listing.complete,
+                    problem: read(&s.error).clone().or_else(|| listing.problem.clone()),
+                    subscribe: live.as_ref().is_some_and(|l| l.subscribe),
+                    list_changed: live.as_ref().is_some_and(|l| l.list_changed),
+                    connect_ms: read(&s.timings).0,
+                    list_ms: read(&s.timings).1,
+                }
+            })
+            .collect()
+    }
+
+    /// Servers that failed to connect, and servers whose listing is incomplete.
+    pub fn failures(&self) -> Vec<ServerFailure> {
+        self.status()
+            .into_iter()
+            .filter_map(|s| s.problem.map(|error| ServerFailure { server: s.name, error }))
+            .collect()
+    }
+
+    /// Every listed resource, sorted by server (config order) then URI.
+    pub fn resources(&self) -> Vec<Resource> {
+        let mut out = Vec::new();
+        for s in &self.shared.servers {
+            let listing = read(&s.listing).clone();
+            let start = out.len();
+            out.extend(listing.resources.iter().cloned());
+            out[start..].sort_by(|a: &Resource, b: &Resource| a.id.uri.cmp(&b.id.uri));
+        }
+        out
+    }
+
+    /// One server's resources in the order the server listed them.
+    pub fn listed(&self, server: &str) -> Vec<Resource> {
+        self.server(server).map(|s| read(&s.listing).resources.clone()).unwrap_or_default()
+    }
+
+    /// The listing entry of one resource.
+    pub fn resource(&self, id: &ResourceId) -> Option<Resource> {
+        let s = self.server(&id.server).ok()?;
+        read(&s.listing).resources.iter().find(|r| r.id.uri == id.uri).cloned()
+    }
+
+    /// Every listed template, by server then template.
+    pub fn templates(&self) -> Vec<ResourceTemplate> {
+        let mut out = Vec::new();
+        for s in &self.shared.servers {
+            out.extend(read(&s.listing).templates.iter().cloned());
+        }
+        out
+    }
+
+    /// Notifications from servers (resource updated, list re-read).
+    pub fn events(&self) -> broadcast::Receiver<HubEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// Whether the server supports `resources/subscribe`.
+    pub fn supports_subscribe(&self, server: &str) -> bool {
+        self.server(server).ok().and_then(|s| read(&s.live).clone()).is_some_and(|l| l.subscribe)
+    }
+
+    /// The config of one server.
+    pub fn server_config(&self, server: &str) -> Option<&ServerConfig> {
+        self.server(server).ok().map(|s| &s.cfg)
+    }
+
+    fn server(&self, name: &str) -> Result<&Server> {
+        self.shared
+            .servers
+            .iter()
+            .find(|s| s.cfg.name == name)
+            .ok_or_else(|| Error::UnknownServer { server: name.to_owned(), known: self.server_names().join(", ") })
+    }
+
+    fn live(&self, server: &Server) -> Result<Arc<Live>> {
+        read(&server.live).clone().ok_or_else(|| Error::ServerUnavailable {
+            server: server.cfg.name.clone(),
+            cause: read(&server.error).clone().unwrap_or_else(|| "closed".into()),
+        })
+    }
+
+    /// Reads one resource (`resources/read`), bounded by the server's timeout
+    /// and its limit of reads in flight. Text beyond `max_resource_bytes` is
+    /// cut here, before anything tokenises it.
+    pub async fn read(&self, id: &ResourceId) -> Result<Contents> {
+        let server = self.server(&id.server)?;
+        let live = self.live(server)?;
+        let _global = self.shared.reads.acquire().await.map_err(|_| closed(server, id))?;
+        let _local = server.reads.acquire().await.map_err(|_| closed(server, id))?;
+        let what = format!("resources/read {}", id.uri);
+        let call = live.peer.read_resource(ReadResourceRequestParams::new(id.uri.clone()));
+        let result = match tokio::time::timeout(server.cfg.timeout, call).await {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    server: id.server.clone(),
+                    what,
+                    after_ms: server.cfg.timeout.as_millis() as u64,
+                });
+            }
+            Ok(Err(e)) => return Err(map_service_error(e, &id.server, &what, Some(id))),
+            Ok(Ok(r)) => r,
+        };
+        let mut contents = convert_contents(result.contents, self.shared.max_resource_bytes);
+        contents.ttl_ms = result.ttl_ms;
+        contents.private = matches!(result.cache_scope, Some(rmcp::model::CacheScope::Private));
+        Ok(contents)
+    }
+
+    /// Reads many resources concurrently (bounded per server and overall);
+    /// results are in the order of `ids`.
+    pub async fn read_many(&self, ids: &[ResourceId]) -> Vec<Result<Contents>> {
+        join_all(ids.iter().map(|id| self.read(id))).await
+    }
+
+    /// Subscribes to updates of one resource, where the server supports it.
+    /// Returns whether a subscription is now in place.
+    pub async fn subscribe(&self, id: &ResourceId) -> Result<bool> {
+        let server = self.server(&id.server)?;
+        let live = self.live(server)?;
+        if !live.subscribe {
+            return Ok(false);
+        }
+        let what = format!("resources/subscribe {}", id.uri);
+        #[allow(deprecated)]
+        let call = live.peer.subscribe(rmcp::model::SubscribeRequestParams::new(id.uri.clone()));
+        match tokio::time::timeout(server.cfg.timeout, call).await {
+            Err(_) => {
+                Err(Error::Timeout { server: id.server.clone(), what, after_ms: server.cfg.timeout.as_millis() as u64 })
+            }
+            Ok(Err(e)) => Err(map_service_error(e, &id.server, &what, Some(id))),
+            Ok(Ok(())) => Ok(true),
+        }
+    }
+
+    /// Ends every server: close stdin (or the HTTP session), wait, SIGTERM
+    /// the process group, wait, SIGKILL it. Idempotent.
+    pub async fn close(&self) {
+        if let Ok(mut t) = self.shared.relist_task.lock()
+            && let Some(t) = t.take()
+        {
+            t.abort();
+        }
+        join_all(self.shared.servers.iter().map(|s| async move {
+            let live = write(&s.live).take();
+            if let Some(live) = live {
+                shutdown(&live).await;
+            }
+            write(&s.error).get_or_insert_with(|| "closed".into());
+        }))
+        .await;
+    }
+
+    /// Re-lists one server now (also done automatically on `list_changed`).
+    pub async fn relist(&self, server: &str) -> Result<()> {
+        let s = self.server(server)?;
+        let live = self.live(s)?;
+        let listing = list_server(&s.cfg, &live).await;
+        *write(&s.listing) = Arc::new(listing);
+        Ok(())
+    }
+}
+
+async fn relist_loop(shared: std::sync::Weak<Shared>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Arc<str>>) {
+    while let Some(first) = rx.recv().await {
+        // Coalesce a burst: wait a moment, then re-list each server named once.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut names: Vec<Arc<str>> = vec![first];
+        while let Ok(n) = rx.try_recv() {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+        let Some(shared) = shared.upgrade() else { return };
+        for name in names {
+            let hub = Hub { shared: shared.clone() };
+            if hub.relist(&name).await.is_ok() {
+                let _ = shared.events.send(HubEvent::ListChanged { server: name.to_string() });
+            }
+        }
+    }
+}
+
+fn closed(server: &Server, id: &ResourceId) -> Error {
+    Error::TransportClosed { server: server.cfg.name.clone(), what: format!("resources/read {}", id.uri) }
+}
+
+async fn shutdown(live: &Live) {
+    let service = live.service.lock().await.take();
+    if let Some(mut service) = service {
+        // close() closes stdin and waits for the loop to end; rmcp's own
+        // graceful shutdown would wait 3 s + 3 s, so bound it and finish the
+        // job on the process group ourselves.
+        let _ = tokio::time::timeout(EXIT_GRACE, service.close()).await;
+    }
+    if let Some(pgid) = live.pgid {
+        if group_alive(pgid) {
+            kill_group(pgid, libc::SIGTERM);
+            let deadline = tokio::time::Instant::now() + TERM_GRACE;
+            while group_alive(pgid) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        kill_group(pgid, libc::SIGKILL);
+    }
+}
+
+fn kill_group(pgid: i32, signal: i32) {
+    if pgid > 1 {
+        // SAFETY: kill(2) has no memory-safety preconditions; a negative pid
+        // addresses the process group we created for this server.
+        unsafe {
+            libc::kill(-pgid, signal);
+        }
+    }
+}
+
+fn group_alive(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    pgid > 1 && unsafe { libc::kill(-pgid, 0) } == 0
+}
+
+async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<Live, String> {
+    let timeout = cfg.timeout;
+    match &cfg.transport {
+        Transport::Stdio { command, args, env, inherit_env, cwd } => {
+            let mut cmd = tokio::process::Command::new(command);
+            cmd.args(args).env_clear();
+            for (k, v) in std::env::vars_os() {
+                let Some(k) = k.to_str() else { continue };
+                if ENV_ALLOWLIST.contains(&k) || inherit_env.iter().any(|n| n == k) {
+                    cmd.env(k, v);
+                }
+            }
+            cmd.envs(env);
+            if let Some(cwd) = cwd {
+                cmd.current_dir(cwd);
+            }
+            let mut wrapped = CommandWrap::from(cmd);
+            wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
+            let (transport, stderr) = TokioChildProcess::builder(wrapped)
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+            let pgid = transport.id().map(|p| p as i32);
+            if let Some(stderr) = stderr {
+                tokio::spawn(drain_stderr(cfg.name.clone(), stderr));
+            }
+            let guard = GroupGuard(pgid);
+            let service = match tokio::time::timeout(timeout, host.serve(transport)).await {
+                Err(_) => return Err(format!("no answer to initialize within {} ms", timeout.as_millis())),
+                Ok(Err(e)) => return Err(format!("initialize failed: {e}")),
+                Ok(Ok(s)) => s,
+            };
+            std::mem::forget(guard);
+            Ok(live_from(service, pgid).await)
+        }
+        Transport::Http { url, headers } => {
+            use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+            let mut map = std::collections::HashMap::new();
+            for (k, v) in headers {
+                let name =
+                    http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| format!("invalid header name `{k}`"))?;
+                let value = http::HeaderValue::from_str(v).map_err(|_| format!("invalid value for header `{k}`"))?;
+                map.insert(name, value);
+            }
+            let transport = StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
+            );
+            let service = match tokio::time::timeout(timeout, host.serve(transport)).await {
+                Err(_) => {
+                    return Err(format!(
+                        "no answer to initialize from {} within {} ms",
+                        redact_url(url),
+                        timeout.as_millis()
+                    ));
+                }
+                Ok(Err(e)) => return Err(format!("initialize with {} failed: {e}", redact_url(url))),
+                Ok(Ok(s)) => s,
+            };
+            Ok(live_from(service, None).await)
+        }
+    }
+}
+
+/// Kills a process group if connecting fails half-way.
+struct GroupGuard(Option<i32>);
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0 {
+            kill_group(p, libc::SIGKILL);
+        }
+    }
+}
+
+async fn live_from(service: RunningService<RoleClient, Host>, pgid: Option<i32>) -> Live {
+    let peer = service.peer().clone();
+    // Our own cache decides freshness; rmcp's would hide read errors behind
+    // stale answers.
+    peer.set_response_cache_config(rmcp::service::ClientCacheConfig::disabled()).await;
+    let info = peer.peer_info();
+    let caps = info.as_ref().and_then(|i| i.capabilities.resources.clone());
+    Live {
+        protocol: info.as_ref().map(|i| i.protocol_version.to_string()).unwrap_or_default(),
+        subscribe: caps.as_ref().and_then(|c| c.subscribe).unwrap_or(false),
+        list_changed: caps.as_ref().and_then(|c| c.list_changed).unwrap_or(false),
+        has_resources: caps.is_some(),
+        peer,
+        service: tokio::sync::Mutex::new(Some(service)),
+        pgid,
+    }
+}
+
+async fn drain_stderr(server: String, stderr: tokio::process::ChildStderr) {
+    use tokio::io::AsyncBufReadExt;
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let line = String::from_utf8_lossy(&buf[..buf.len().min(MAX_STDERR_LINE)]);
+                tracing::debug!(target: "mcp_stderr", server = %server, "{}", line.trim_end());
+            }
+        }
+    }
+}
+
+async fn list_server(cfg: &ServerConfig, live: &Live) -> Listing {
+    let mut listing = Listing { complete: true, ..Listing::default() };
+    if !live.has_resources {
+        listing.problem = None;
+        return listing;
+    }
+    let name = cfg.name.as_str();
+    let now = SystemTime::now();
+    let mut seen_uris = HashSet::new();
+    let r = paginate(cfg, "resources/list", |params| {
+        let peer = live.peer.clone();
+        async move { peer.list_resources(params).await.map(|p| (p.resources, p.next_cursor)) }
+    })
+    .await;
+    for r in r.items {
+        if seen_uris.insert(r.uri.clone()) {
+            listing.resources.push(convert_resource(name, r, now));
+        }
+    }
+    if let Some(p) = r.problem {
+        listing.complete = false;
+        listing.problem = Some(p);
+    }
+    let t = paginate(cfg, "resources/templates/list", |params| {
+        let peer = live.peer.clone();
+        async move { peer.list_resource_templates(params).await.map(|p| (p.resource_templates, p.next_cursor)) }
+    })
+    .await;
+    listing.templates = t
+        .items
+        .into_iter()
+        .map(|t| ResourceTemplate {
+            server: name.to_owned(),
+            uri_template: t.uri_template,
+            name: t.name,
+            title: t.title,
+            description: t.description,
+            mime_type: t.mime_type,
+        })
+        .collect();
+    if let Some(p) = t.problem
+        && !p.contains("-32601")
+    {
+        // A server without templates may answer "method not found": not a problem.
+        listing.problem.get_or_insert(p);
+    }
+    listing
+}
+
+struct Pages<T> {
+    items: Vec<T>,
+    problem: Option<String>,
+}
+
+/// Follows `nextCursor` until it is absent. An empty string is a cursor, not
+/// the end (spec, pagination). A repeated cursor or more than
+/// [`MAX_LIST_PAGES`] pages stops the walk and marks the listing incomplete.
+async fn paginate<T, F, Fut>(cfg: &ServerConfig, what: &str, mut fetch: F) -> Pages<T>
+where
+    F: FnMut(Option<PaginatedRequestParams>) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<(Vec<T>, Option<String>), ServiceError>>,
+{
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut seen = HashSet::new();
+    for page in 1..=MAX_LIST_PAGES {
+        let params = cursor.clone().map(|c| PaginatedRequestParams::default().with_cursor(Some(c)));
+        let result = tokio::time::timeout(cfg.timeout, fetch(params)).await;
+        let (batch, next) = match result {
+            Err(_) => {
+                return Pages {
+                    items,
+                    problem: Some(format!(
+                        "{what} incomplete: page {page} timed out after {} ms",
+                        cfg.timeout.as_millis()
+                    )),
+                };
+            }
+            Ok(Err(e)) => {
+                let e = map_service_error(e, &cfg.name, what, None);
+                return Pages { items, problem: Some(format!("{what} incomplete: page {page} failed: {e}")) };
+            }
+            Ok(Ok(x)) => x,
+        };
+        items.extend(batch);
+        match next {
+            None => return Pages { items, problem: None },
+            Some(c) => {
+                if !seen.insert(c.clone()) {
+                    return Pages {
+                        items,
+                        problem: Some(format!(
+                            "{what} incomplete: the server repeated cursor {:?} on page {page}",
+                            c.chars().take(64).collect::<String>()
+                        )),
+                    };
+                }
+                cursor = Some(c);
+            }
+        }
+    }
+    Pages { items, problem: Some(format!("{what} incomplete: stopped after {MAX_LIST_PAGES} pages")) }
+}
+
+fn convert_resource(server: &str, r: rmcp::model::Resource, now: SystemTime) -> Resource {
+    let annotations = r
+        .annotations
+        .map(|a| Annotations {
+            audience: a.audience.map(|v| {
+                v.into_iter()
+                    .map(|role| match role {
+                        rmcp::model::Role::User => Audience::User,
+                        _ => Audience::Assistant,
+                    })
+                    .collect()
+            }),
+            priority: a.priority.filter(|p| p.is_finite()),
+            last_modified: a.last_modified,
+        })
+        .unwrap_or_default();
+    Resource {
+        id: ResourceId::from_listing(server, &r.uri),
+        name: r.name,
+        title: r.title,
+        description: r.description,
+        mime_type: r.mime_type,
+        size: r.size,
+        annotations,
+        discovered_at: now,
+    }
+}
+
+/// Converts wire contents, never keeping blob bytes, and cuts text beyond
+/// `max_bytes` (at a char boundary) before anything tokenises it.
+fn convert_contents(contents: Vec<ResourceContents>, max_bytes: usize) -> Contents {
+    let mut out = Contents::default();
+    let mut left = max_bytes;
+    for c in contents {
+        match c {
+            ResourceContents::TextResourceContents { mut text, mime_type, .. } => {
+                if text.len() > left {
+                    let mut cut = left;
+                    while !text.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    out.truncated_bytes += text.len() - cut;
+                    text.truncate(cut);
+                }
+                left -= text.len();
+                out.parts.push(ContentPart::Text { text, mime_type });
+            }
+            ResourceContents::BlobResourceContents { blob, mime_type, .. } => {
+                out.parts.push(ContentPart::Blob { mime_type, base64_len: blob.len() });
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn map_service_error(e: ServiceError, server: &str, what: &str, id: Option<&ResourceId>) -> Error {
+    match e {
+        ServiceError::McpError(d)
+            if id.is_some() && (d.code == ErrorCode::RESOURCE_NOT_FOUND || d.code == ErrorCode::INVALID_PARAMS) =>
+        {
+            Error::NotFound { id: id.map(ToString::to_string).unwrap_or_default() }
+        }
+        ServiceError::McpError(d) => Error::Server {
+            server: server.to_owned(),
+            what: what.to_owned(),
+            code: d.code.0,
+            message: d.message.chars().take(500).collect(),
+        },
+        ServiceError::TransportClosed => Error::TransportClosed { server: server.to_owned(), what: what.to_owned() },
+        ServiceError::Timeout { timeout } => {
+            Error::Timeout { server: server.to_owned(), what: what.to_owned(), after_ms: timeout.as_millis() as u64 }
+        }
+        other => Error::Protocol { server: server.to_owned(), what: what.to_owned(), message: other.to_string() },
+    }
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_text_at_char_boundary() {
+        let c = convert_contents(vec![ResourceContents::text("héllo", "u"), ResourceContents::text("more", "u")], 2);
+        assert_eq!(c.parts.len(), 2);
+        assert_eq!(c.parts[0], ContentPart::Text { text: "h".into(), mime_type: Some("text/plain".into()) });
+        assert_eq!(c.truncated_bytes, 5);
+    }
+}

@@ -1,0 +1,62 @@
+//! # mcp-context
+//!
+//! The host-side piece that gives an LLM call the context its MCP servers
+//! hold: connect to many servers, discover every resource, keep only what
+//! *this user* may see, read it, render it, fit it to a token budget counted
+//! with the model's own tokenizer, and prepend **one** system (or developer)
+//! message to a chat-completions request, on a path kept apart from tool
+//! calls. Every injection returns a [`Report`] of what was included,
+//! truncated or left out, and why.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), mcp_context::Error> {
+//! use mcp_context::{Config, McpContext};
+//! let config = Config::load(std::path::Path::new("mcp-context.yaml"))?;
+//! let ctx = McpContext::from_config(&config).await?;
+//! let request = async_openai::types::chat::CreateChatCompletionRequestArgs::default()
+//!     .model("gpt-4o")
+//!     .messages([async_openai::types::chat::ChatCompletionRequestUserMessage::from("hi").into()])
+//!     .build()
+//!     .map_err(mcp_context::Error::OpenAI)?;
+//! let (request, report) = ctx.inject(request, "alice").await?;
+//! println!("{} tokens of context", report.tokens);
+//! ctx.close().await;
+//! # Ok(()) }
+//! ```
+//!
+//! The pipeline, one private module per stage: `config` → `hub` (connect,
+//! list, read) → `policy` (decide before reading) → `render` → `budget` →
+//! `inject`, orchestrated by `context`; `client` wraps async-openai and
+//! `tools` offers the model-driven path.
+
+#![warn(missing_docs)]
+
+mod budget;
+mod cache;
+mod client;
+mod config;
+mod context;
+pub mod demo;
+mod error;
+mod hub;
+mod id;
+mod inject;
+mod policy;
+mod render;
+mod report;
+mod resource;
+mod tools;
+
+pub use budget::{TokenCache, Tokenizer};
+pub use client::{ContextClient, ToolLoop};
+pub use config::{Config, ContextSettings, MessageRole, ServerConfig, Transport};
+pub use context::{ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext};
+pub use error::{Error, Result};
+pub use hub::{Hub, HubEvent, ServerFailure, ServerStatus};
+pub use id::ResourceId;
+pub use inject::{MESSAGE_NAME, inject_message, is_context_message};
+pub use policy::{Decision, Effect, Policy, PolicySummary, RuleRef, UserPolicy};
+pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
+pub use report::{ExcludeReason, Excluded, Included, Report, Timings};
+pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
+pub use tools::{LIST_TOOL, READ_TOOL, ToolResult, add_tools, format_listing, is_resource_tool, tool_definitions};

@@ -1,0 +1,284 @@
+//! `mcp-context`: the command line.
+//!
+//! `main` returns an exit code; `run` returns `anyhow::Result` and errors are
+//! printed with their cause chain. A closed stdout (`| head`) is success.
+//! Every command that connects to servers closes them before exiting, on
+//! success, on error and on Ctrl-C, so no child process is left behind.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use mcp_context::{Config, ContextRequest, Hub, McpContext, Policy, ResourceId, render_text};
+
+/// Give LLM calls the context your MCP servers hold.
+#[derive(Parser)]
+#[command(name = "mcp-context", version, about)]
+struct Cli {
+    /// Config file (else $MCP_CONTEXT_CONFIG, else ./mcp-context.yaml).
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// More logging on stderr (-v info, -vv debug incl. server stderr).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List every resource the configured servers offer.
+    List {
+        /// Only this server.
+        #[arg(long)]
+        server: Option<String>,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read one resource and print its text (blobs as placeholders).
+    Read {
+        /// SERVER:URI, e.g. demo:demo://docs/guide
+        id: String,
+    },
+    /// Print the context message that would be injected for a user, and a report.
+    Preview {
+        /// The user whose policy applies.
+        #[arg(long, default_value = "anonymous")]
+        user: String,
+        /// Token budget (overrides context.max_tokens).
+        #[arg(long)]
+        budget: Option<usize>,
+        /// Model whose tokenizer counts.
+        #[arg(long)]
+        model: Option<String>,
+        /// Only these resources (SERVER:URI), like @-mentions.
+        #[arg(long = "select", value_name = "SERVER:URI")]
+        select: Vec<String>,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate policies and explain decisions.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// Run the bundled demo MCP server on stdio.
+    #[command(hide = true)]
+    DemoServer,
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Validate a policy file or folder (default: the config's) and summarise it.
+    Check {
+        /// Policy file or folder.
+        path: Option<PathBuf>,
+    },
+    /// Say whether a user may see a resource, and which rule decided.
+    Explain {
+        /// The user.
+        #[arg(long)]
+        user: String,
+        /// SERVER:URI
+        id: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(run(cli));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            if is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn,rmcp=off",
+        1 => "info,rmcp=warn",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MCP_CONTEXT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::DemoServer = cli.command {
+        mcp_context::demo::serve_stdio().await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Policy { command: PolicyCommand::Check { path: Some(p) } } = &cli.command {
+        return policy_check(p);
+    }
+    let config_path = Config::locate(cli.config.as_deref());
+    let config = Config::load(&config_path)?;
+    match cli.command {
+        Command::List { server, json } => {
+            let config = only_server(config, server.as_deref())?;
+            with_hub(&config, |hub| async move { list(&hub, server.as_deref(), json) }).await
+        }
+        Command::Read { id } => {
+            let id = ResourceId::parse(&id)?;
+            let config = only_server(config, Some(&id.server))?;
+            with_hub(&config, |hub| async move {
+                let listing_mime = hub.resource(&id).and_then(|r| r.mime_type);
+                let contents = hub.read(&id).await?;
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}", render_text(&contents, listing_mime.as_deref()))?;
+                Ok(ExitCode::SUCCESS)
+            })
+            .await
+        }
+        Command::Preview { user, budget, model, select, json } => {
+            let selection = if select.is_empty() {
+                None
+            } else {
+                Some(select.iter().map(|s| ResourceId::parse(s)).collect::<Result<Vec<_>, _>>()?)
+            };
+            let ctx = McpContext::from_config(&config).await?;
+            let result = interruptible(&ctx, async {
+                let req = ContextRequest { user: user.clone(), selection, budget, model };
+                let (message, report) = ctx.build(&req).await?;
+                let mut out = std::io::stdout().lock();
+                if json {
+                    let mut v = serde_json::to_value(&report)?;
+                    v["message"] = match &message {
+                        Some(m) => serde_json::json!({"role": m.role.to_string(), "content": m.content}),
+                        None => serde_json::Value::Null,
+                    };
+                    writeln!(out, "{}", serde_json::to_string(&v)?)?;
+                } else {
+                    match &message {
+                        Some(m) => writeln!(out, "{}", m.content)?,
+                        None => eprintln!("(nothing would be injected)"),
+                    }
+                    out.flush()?;
+                    eprint!("\n{report}");
+                }
+                Ok(ExitCode::SUCCESS)
+            })
+            .await;
+            ctx.close().await;
+            result
+        }
+        Command::Policy { command: PolicyCommand::Check { path: None } } => {
+            let Some(p) = config.policy.clone() else {
+                bail!("{} names no `policy:`; give a path: mcp-context policy check PATH", config.path.display());
+            };
+            policy_check(&p)
+        }
+        Command::Policy { command: PolicyCommand::Explain { user, id } } => {
+            let id = ResourceId::parse(&id)?;
+            let policy = match &config.policy {
+                Some(p) => Policy::load(p)?,
+                None => Policy::allow_all(),
+            };
+            let config = only_server(config, Some(&id.server))?;
+            with_hub(&config, |hub| async move {
+                let resource = hub.resource(&id);
+                let listed = resource.is_some();
+                let resource = resource.unwrap_or_else(|| mcp_context::Resource::unlisted(id.clone()));
+                let d = policy.for_user(&user).decide(&resource);
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{} {} for user {}", if d.allowed { "ALLOW" } else { "DENY" }, id, user)?;
+                writeln!(out, "  {}", d.detail())?;
+                if !listed {
+                    writeln!(out, "  note: {id} is not in the server's listing; decided on its id alone")?;
+                }
+                Ok(ExitCode::SUCCESS)
+            })
+            .await
+        }
+        Command::DemoServer | Command::Policy { command: PolicyCommand::Check { path: Some(_) } } => {
+            unreachable!("handled above")
+        }
+    }
+}
+
+fn policy_check(path: &Path) -> anyhow::Result<ExitCode> {
+    let policy = Policy::load(path)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "policy OK: {}", path.display())?;
+    write!(out, "{}", policy.summary())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Keeps only `server` (when given), so `read` and `list --server` start one process, not all.
+fn only_server(mut config: Config, server: Option<&str>) -> anyhow::Result<Config> {
+    if let Some(name) = server {
+        if config.server(name).is_none() {
+            let known: Vec<_> = config.servers.iter().map(|s| s.name.as_str()).collect();
+            bail!(mcp_context::Error::UnknownServer { server: name.to_owned(), known: known.join(", ") });
+        }
+        config.servers.retain(|s| s.name == name);
+    }
+    Ok(config)
+}
+
+async fn with_hub<F, Fut>(config: &Config, f: F) -> anyhow::Result<ExitCode>
+where
+    F: FnOnce(Hub) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    let hub = Hub::connect(config).await;
+    for failure in hub.failures() {
+        eprintln!("warning: server {} failed: {}", failure.server, failure.error);
+    }
+    let result = tokio::select! {
+        r = f(hub.clone()) => r,
+        _ = tokio::signal::ctrl_c() => Ok(ExitCode::from(130)),
+    };
+    hub.close().await;
+    result
+}
+
+async fn interruptible<F>(_ctx: &McpContext, f: F) -> anyhow::Result<ExitCode>
+where
+    F: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    tokio::select! {
+        r = f => r,
+        _ = tokio::signal::ctrl_c() => Ok(ExitCode::from(130)),
+    }
+}
+
+fn list(hub: &Hub, server: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
+    let resources = hub.resources();
+    let mut out = std::io::stdout().lock();
+    if json {
+        let v = serde_json::json!({
+            "resources": resources,
+            "templates": hub.templates(),
+            "failed_servers": hub.failures(),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&v).context("serialising the listing")?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    write!(out, "{}", mcp_context::format_listing(&resources, server))?;
+    Ok(ExitCode::SUCCESS)
+}

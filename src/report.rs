@@ -1,0 +1,182 @@
+//! The record of one injection: what was included, truncated or left out,
+//! and why. The CLI, the chatbot, tracing and the tests all read this one
+//! value; nothing else describes what happened.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::config::MessageRole;
+use crate::hub::ServerFailure;
+
+/// Why a resource is not in the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExcludeReason {
+    /// The user's policy does not allow it (it was never read).
+    Denied,
+    /// `annotations.audience` names only the human user.
+    Audience,
+    /// It did not fit in the token budget.
+    Budget,
+    /// Reading it failed.
+    Error,
+}
+
+impl fmt::Display for ExcludeReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ExcludeReason::Denied => "denied",
+            ExcludeReason::Audience => "audience",
+            ExcludeReason::Budget => "budget",
+            ExcludeReason::Error => "error",
+        })
+    }
+}
+
+/// A resource in the message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Included {
+    /// `server:uri`.
+    pub id: String,
+    /// Tokens its block adds to the message.
+    pub tokens: usize,
+    /// Whether its text was cut to fit.
+    pub truncated: bool,
+    /// Served from the cache after a failed re-read (`serve_stale`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stale: bool,
+}
+
+/// A resource left out.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Excluded {
+    /// `server:uri`.
+    pub id: String,
+    /// Why.
+    pub reason: ExcludeReason,
+    /// Details for the operator (the deciding rule, the error, the sizes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// Where the time went, in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Timings {
+    /// Policy and selection.
+    pub select_ms: f64,
+    /// Reading (cache or servers).
+    pub read_ms: f64,
+    /// Rendering, counting and packing.
+    pub pack_ms: f64,
+    /// Everything.
+    pub total_ms: f64,
+}
+
+/// What one injection did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Report {
+    /// The user the context was built for.
+    pub user: String,
+    /// The model whose tokenizer counted.
+    pub model: String,
+    /// The tokenizer's encoding.
+    pub encoding: String,
+    /// Role of the injected message.
+    pub role: Option<MessageRole>,
+    /// The budget applied (after the user's policy and the ceiling).
+    pub budget: usize,
+    /// Exact token count of the message content (0 when nothing is injected).
+    pub tokens: usize,
+    /// In the message, in message order.
+    pub included: Vec<Included>,
+    /// Left out.
+    pub excluded: Vec<Excluded>,
+    /// Servers that could not be used, or whose listing is incomplete.
+    pub failed_servers: Vec<ServerFailure>,
+    /// Why nothing was injected, when nothing was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Anything else worth knowing (e.g. unknown model, tokenizer fallback).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// Where the time went.
+    pub timings: Timings,
+}
+
+impl Report {
+    /// Whether a message was injected.
+    pub fn injected(&self) -> bool {
+        !self.included.is_empty()
+    }
+
+    /// The exclusion of one id, if any.
+    pub fn excluded(&self, id: &str) -> Option<&Excluded> {
+        self.excluded.iter().find(|e| e.id == id)
+    }
+
+    /// Emits the report as tracing events (one summary, one per exclusion).
+    pub(crate) fn trace(&self) {
+        tracing::info!(
+            user = %self.user,
+            tokens = self.tokens,
+            budget = self.budget,
+            included = self.included.len(),
+            excluded = self.excluded.len(),
+            failed_servers = self.failed_servers.len(),
+            total_ms = self.timings.total_ms,
+            "context built"
+        );
+        for e in &self.excluded {
+            tracing::debug!(id = %e.id, reason = %e.reason, detail = e.detail.as_deref().unwrap_or(""), "excluded");
+        }
+        for f in &self.failed_servers {
+            tracing::warn!(server = %f.server, error = %f.error, "server failed");
+        }
+    }
+}
+
+/// A readable table, as `mcp-context preview` prints on stderr.
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "user {}  model {} ({})  tokens {}/{}  in {:.1} ms",
+            self.user, self.model, self.encoding, self.tokens, self.budget, self.timings.total_ms
+        )?;
+        let width = self
+            .included
+            .iter()
+            .map(|i| i.id.len())
+            .chain(self.excluded.iter().map(|e| e.id.len()))
+            .max()
+            .unwrap_or(2)
+            .max(2);
+        writeln!(f, "  {:<10} {:<width$} {:>7}  detail", "status", "id", "tokens")?;
+        for i in &self.included {
+            let status = if i.truncated { "truncated" } else { "included" };
+            let detail = if i.stale { "stale (last good content)" } else { "" };
+            writeln!(f, "  {status:<10} {:<width$} {:>7}  {detail}", i.id, i.tokens)?;
+        }
+        for e in &self.excluded {
+            writeln!(
+                f,
+                "  {:<10} {:<width$} {:>7}  {}",
+                e.reason.to_string(),
+                e.id,
+                "-",
+                e.detail.as_deref().unwrap_or("")
+            )?;
+        }
+        for s in &self.failed_servers {
+            writeln!(f, "  server {} failed: {}", s.server, s.error)?;
+        }
+        for w in &self.warnings {
+            writeln!(f, "  warning: {w}")?;
+        }
+        if let Some(r) = &self.reason {
+            writeln!(f, "  nothing injected: {r}")?;
+        }
+        Ok(())
+    }
+}

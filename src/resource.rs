@@ -1,0 +1,123 @@
+//! Our own view of MCP resources. No rmcp type crosses the public API: these
+//! are converted from the wire types in `hub` and are all the rest of the
+//! pipeline ever sees.
+
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use crate::id::ResourceId;
+
+/// Who a resource is meant for (`annotations.audience`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Audience {
+    /// The human user.
+    User,
+    /// The model.
+    Assistant,
+}
+
+/// The MCP annotations we act on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Annotations {
+    /// Intended audience; `None` means everyone.
+    pub audience: Option<Vec<Audience>>,
+    /// 0.0 (least) to 1.0 (most important).
+    pub priority: Option<f32>,
+    /// ISO 8601 timestamp, as the server sent it.
+    pub last_modified: Option<String>,
+}
+
+/// One listed resource.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Resource {
+    /// `server:uri`.
+    pub id: ResourceId,
+    /// Programmatic name.
+    pub name: String,
+    /// Human-readable title.
+    pub title: Option<String>,
+    /// Description.
+    pub description: Option<String>,
+    /// MIME type from the listing.
+    pub mime_type: Option<String>,
+    /// Size in bytes, if the server gave it.
+    pub size: Option<u64>,
+    /// Annotations.
+    pub annotations: Annotations,
+    /// When we saw it in a listing (or, for policy includes, when we first read it).
+    #[serde(skip)]
+    pub discovered_at: SystemTime,
+}
+
+impl Resource {
+    /// A resource known only by id (e.g. a policy `include` that no listing shows).
+    pub fn unlisted(id: ResourceId) -> Self {
+        let name = id.uri.clone();
+        Self {
+            id,
+            name,
+            title: None,
+            description: None,
+            mime_type: None,
+            size: None,
+            annotations: Annotations::default(),
+            discovered_at: SystemTime::now(),
+        }
+    }
+
+    /// True when `annotations.audience` names only `user`: not for the model.
+    pub fn is_user_only(&self) -> bool {
+        matches!(&self.annotations.audience, Some(a) if !a.is_empty() && a.iter().all(|r| *r == Audience::User))
+    }
+}
+
+/// A resource template (`resources/templates/list`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ResourceTemplate {
+    /// Server name.
+    pub server: String,
+    /// RFC 6570 URI template.
+    pub uri_template: String,
+    /// Name.
+    pub name: String,
+    /// Title.
+    pub title: Option<String>,
+    /// Description.
+    pub description: Option<String>,
+    /// MIME type.
+    pub mime_type: Option<String>,
+}
+
+/// One part of a read result.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ContentPart {
+    /// Text content.
+    Text {
+        /// The text.
+        text: String,
+        /// The part's MIME type.
+        mime_type: Option<String>,
+    },
+    /// Binary content. The bytes are never kept: only what the placeholder needs.
+    Blob {
+        /// The part's MIME type.
+        mime_type: Option<String>,
+        /// Length of the base64 payload as received.
+        base64_len: usize,
+    },
+}
+
+/// What `resources/read` returned for one resource.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Contents {
+    /// The parts, in the server's order.
+    pub parts: Vec<ContentPart>,
+    /// Text bytes cut off because the resource exceeded `max_resource_bytes`.
+    pub truncated_bytes: usize,
+    /// The server's cache hint `ttlMs`, if it sent one.
+    pub ttl_ms: Option<u64>,
+    /// The server's cache hint `cacheScope: private`: never share across users.
+    pub private: bool,
+}

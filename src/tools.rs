@@ -1,0 +1,219 @@
+//! The model-driven path: `list_mcp_resources` and `read_mcp_resource`.
+//!
+//! Gemini CLI's two resource tools, under the same per-user policy as
+//! injection. This path only ever produces `tool` messages; it never touches
+//! the system message, and the injection path never produces `tool` messages.
+//!
+//! A resource the user may not see and a resource that does not exist get
+//! the *same* answer, so the model cannot probe for what it may not see; a
+//! denied resource is never read.
+
+use async_openai::types::chat::{
+    ChatCompletionMessageToolCalls, ChatCompletionRequestMessage, ChatCompletionRequestToolMessage, ChatCompletionTool,
+    ChatCompletionTools, CreateChatCompletionRequest, FunctionObject,
+};
+use futures::future::join_all;
+use serde_json::json;
+
+use crate::budget::Tokenizer;
+use crate::context::McpContext;
+use crate::error::Error;
+use crate::id::ResourceId;
+use crate::render::render_text;
+use crate::resource::Resource;
+
+/// Name of the listing tool.
+pub const LIST_TOOL: &str = "list_mcp_resources";
+/// Name of the reading tool.
+pub const READ_TOOL: &str = "read_mcp_resource";
+
+/// The two function-tool definitions, with JSON schemas.
+pub fn tool_definitions() -> Vec<ChatCompletionTools> {
+    vec![
+        ChatCompletionTools::Function(ChatCompletionTool {
+            function: FunctionObject {
+                name: LIST_TOOL.into(),
+                description: Some(
+                    "Lists the MCP resources available to you, one per line as `- server:uri | name | description`. \
+                     Use the `server:uri` part with read_mcp_resource."
+                        .into(),
+                ),
+                parameters: Some(json!({
+                    "type": "object",
+                    "properties": {
+                        "serverName": {"type": "string", "description": "Only list resources of this MCP server."}
+                    },
+                    "additionalProperties": false
+                })),
+                strict: None,
+            },
+        }),
+        ChatCompletionTools::Function(ChatCompletionTool {
+            function: FunctionObject {
+                name: READ_TOOL.into(),
+                description: Some("Reads one MCP resource and returns its text.".into()),
+                parameters: Some(json!({
+                    "type": "object",
+                    "properties": {
+                        "uri": {"type": "string", "description": "The resource as `server:uri`, exactly as list_mcp_resources shows it."}
+                    },
+                    "required": ["uri"],
+                    "additionalProperties": false
+                })),
+                strict: None,
+            },
+        }),
+    ]
+}
+
+/// Adds the two tools to a request (once; existing tools are kept).
+pub fn add_tools(request: &mut CreateChatCompletionRequest) {
+    let tools = request.tools.get_or_insert_with(Vec::new);
+    for t in tool_definitions() {
+        let ChatCompletionTools::Function(f) = &t else { continue };
+        let present =
+            tools.iter().any(|x| matches!(x, ChatCompletionTools::Function(y) if y.function.name == f.function.name));
+        if !present {
+            tools.push(t);
+        }
+    }
+}
+
+/// Whether a tool name is one of ours.
+pub fn is_resource_tool(name: &str) -> bool {
+    name == LIST_TOOL || name == READ_TOOL
+}
+
+/// The listing text, as the `list` command and `list_mcp_resources` show it.
+pub fn format_listing(resources: &[Resource], server: Option<&str>) -> String {
+    let shown: Vec<&Resource> = resources.iter().filter(|r| server.is_none_or(|s| r.id.server == s)).collect();
+    if shown.is_empty() {
+        return match server {
+            Some(s) => format!("No resources found for server: {s}\n"),
+            None => "No MCP resources found.\n".into(),
+        };
+    }
+    let mut out = String::from("Available MCP Resources:\n");
+    for r in shown {
+        out.push_str(&format!("- {}", r.id));
+        if !r.name.is_empty() {
+            out.push_str(&format!(" | {}", one_line(&r.name)));
+        }
+        if let Some(d) = r.description.as_deref().filter(|d| !d.is_empty()) {
+            out.push_str(&format!(" | {}", one_line(d)));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn one_line(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
+/// The result of one tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResult {
+    /// The call's id.
+    pub tool_call_id: String,
+    /// The tool.
+    pub name: String,
+    /// What the model gets.
+    pub content: String,
+    /// Whether `content` is an error for the model.
+    pub is_error: bool,
+    /// A short line for a UI (e.g. `Listed 4 resources.`).
+    pub display: String,
+}
+
+impl ToolResult {
+    /// The `tool` message to append to the conversation.
+    pub fn message(&self) -> ChatCompletionRequestMessage {
+        ChatCompletionRequestToolMessage {
+            content: self.content.clone().into(),
+            tool_call_id: self.tool_call_id.clone(),
+        }
+        .into()
+    }
+}
+
+impl McpContext {
+    /// Runs the calls in `tool_calls` that belong to our two tools,
+    /// concurrently, and returns their results in call order. Calls of other
+    /// tools are left to the application.
+    pub async fn run_tool_calls(&self, tool_calls: &[ChatCompletionMessageToolCalls], user: &str) -> Vec<ToolResult> {
+        let ours = tool_calls.iter().filter_map(|c| match c {
+            ChatCompletionMessageToolCalls::Function(f) if is_resource_tool(&f.function.name) => Some(f),
+            _ => None,
+        });
+        join_all(ours.map(|c| self.run_tool(&c.id, &c.function.name, &c.function.arguments, user))).await
+    }
+
+    /// Runs one of our tools by name with JSON arguments.
+    pub async fn run_tool(&self, call_id: &str, name: &str, arguments: &str, user: &str) -> ToolResult {
+        let args: serde_json::Value = if arguments.trim().is_empty() {
+            json!({})
+        } else {
+            serde_json::from_str(arguments).unwrap_or(serde_json::Value::Null)
+        };
+        let (content, is_error, display) = match name {
+            LIST_TOOL => self.tool_list(&args, user),
+            READ_TOOL => self.tool_read(&args, user).await,
+            other => (format!("Error: unknown tool {other}"), true, "Unknown tool.".into()),
+        };
+        ToolResult { tool_call_id: call_id.to_owned(), name: name.to_owned(), content, is_error, display }
+    }
+
+    fn tool_list(&self, args: &serde_json::Value, user: &str) -> (String, bool, String) {
+        let server = args.get("serverName").and_then(|s| s.as_str()).filter(|s| !s.is_empty());
+        let visible = self.visible_resources(user);
+        let n = visible.iter().filter(|r| server.is_none_or(|s| r.id.server == s)).count();
+        (format_listing(&visible, server), false, format!("Listed {n} resources."))
+    }
+
+    async fn tool_read(&self, args: &serde_json::Value, user: &str) -> (String, bool, String) {
+        let Some(uri) = args.get("uri").and_then(|u| u.as_str()).filter(|u| !u.trim().is_empty()) else {
+            return ("Error: No URI provided.".into(), true, "Invalid parameters.".into());
+        };
+        let not_found =
+            || (format!("Error: Resource not found for URI: {uri}"), true, "Resource not found.".to_string());
+        let Ok(id) = ResourceId::parse(uri) else { return not_found() };
+        if self.hub().server_index(&id.server).is_none() {
+            return not_found();
+        }
+        let resource = self.hub().resource(&id).unwrap_or_else(|| Resource::unlisted(id.clone()));
+        if !self.policy().for_user(user).decide(&resource).allowed {
+            return not_found();
+        }
+        match self.content_cache().read(&id, user).await {
+            Ok(c) => {
+                let text = render_text(&c.contents, resource.mime_type.as_deref());
+                let cap = self.settings().tool_result_max_tokens;
+                let model = self.settings().model.clone();
+                let cache = self.token_cache_arc();
+                let capped = tokio::task::spawn_blocking(move || cap_tokens(&model, &cache, text, cap)).await;
+                match capped {
+                    Ok(text) => (text, false, format!("Read {id}.")),
+                    Err(e) => (format!("Error: Failed to read resource: {e}"), true, "Read failed.".into()),
+                }
+            }
+            Err(Error::NotFound { .. }) => not_found(),
+            Err(e) => (format!("Error: Failed to read resource: {e}"), true, "Read failed.".into()),
+        }
+    }
+}
+
+/// Cuts a tool result to `cap` tokens with the same marker as injection.
+fn cap_tokens(model: &str, cache: &crate::budget::TokenCache, text: String, cap: usize) -> String {
+    let (tok, _) = Tokenizer::for_model(model);
+    if cache.count(&tok, &text) <= cap {
+        return text;
+    }
+    let (prefix, kept, total) = tok.truncate(&text, cap);
+    let mut out = prefix;
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(&format!("[truncated: kept {kept} of {total} tokens]"));
+    out
+}

@@ -1,0 +1,233 @@
+//! Shared test fixtures: real MCP servers (the demo and the fault fixture
+//! over stdio, the fixture over Streamable HTTP on loopback) and a real
+//! OpenAI-compatible HTTP endpoint that records what went over the wire.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use mcp_context::Config;
+
+pub use crate::handler::{Fixture, Options};
+
+pub const MCP_CONTEXT: &str = env!("CARGO_BIN_EXE_mcp-context");
+pub const FIXTURE: &str = env!("CARGO_BIN_EXE_mcp-fixture");
+pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A unique tag for the processes a test starts (set as an env variable on
+/// the server and inherited by its children), so tests can count them.
+pub fn tag() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("t{}x{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+}
+
+/// Live (non-zombie) processes carrying `MCP_TEST_TAG=tag` in their environment.
+pub fn tagged_processes(tag: &str) -> Vec<u32> {
+    let needle = format!("MCP_TEST_TAG={tag}");
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if !env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
+            continue;
+        }
+        if is_alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Running or sleeping, not a zombie.
+pub fn is_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("X");
+            state != "Z" && state != "X"
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits until no tagged process is alive (bounded), returning those left.
+pub async fn wait_gone(tag: &str, within: Duration) -> Vec<u32> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left = tagged_processes(tag);
+        if left.is_empty() || tokio::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// YAML for a stdio fixture server.
+pub fn fixture_server(name: &str, tag: &str, args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+    format!(
+        "  {name}:\n    command: {FIXTURE:?}\n    args: [{}]\n    env: {{ MCP_TEST_TAG: {tag:?} }}\n    timeout_ms: 3000\n",
+        args.join(", ")
+    )
+}
+
+/// YAML for the demo server.
+pub fn demo_server(name: &str, tag: &str) -> String {
+    format!("  {name}:\n    command: {MCP_CONTEXT:?}\n    args: [demo-server]\n    env: {{ MCP_TEST_TAG: {tag:?} }}\n")
+}
+
+/// Parses a config written in a test (paths relative to a temp folder).
+pub fn config(yaml: &str) -> Config {
+    Config::from_yaml(yaml, Path::new("/tmp/mcp-context-test.yaml")).expect("test config is valid")
+}
+
+pub fn policies_dir() -> PathBuf {
+    Path::new(ROOT).join("policies")
+}
+
+/// A fixture over Streamable HTTP on 127.0.0.1 (ephemeral port). Returns the
+/// URL and a guard that stops the server when dropped.
+pub async fn http_fixture(opts: Options) -> (String, Fixture, tokio_util::sync::CancellationToken) {
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+    };
+    let ct = tokio_util::sync::CancellationToken::new();
+    let fixture = Fixture::new(opts);
+    let shared = fixture.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(shared.clone()),
+        LocalSessionManager::default().into(),
+        StreamableHttpServerConfig::default().with_cancellation_token(ct.child_token()),
+    );
+    let router = Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let stop = ct.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled_owned().await }).await;
+    });
+    (url, fixture, ct)
+}
+
+/// How the fake LLM answers one request.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// A plain JSON chat completion with this text.
+    Text(String),
+    /// An SSE stream of these chunks.
+    Stream(Vec<String>),
+    /// A tool call answer: (id, name, arguments).
+    ToolCalls(Vec<(String, String, String)>),
+    /// An HTTP error status with a body.
+    Status(u16, String),
+}
+
+#[derive(Default)]
+pub struct LlmState {
+    pub requests: Vec<serde_json::Value>,
+    pub replies: std::collections::VecDeque<Reply>,
+    pub default: Option<Reply>,
+}
+
+/// A local OpenAI-compatible endpoint. `base` ends in `/v1`.
+pub struct FakeLlm {
+    pub base: String,
+    pub state: Arc<Mutex<LlmState>>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl FakeLlm {
+    pub async fn start(default: Reply) -> FakeLlm {
+        let state = Arc::new(Mutex::new(LlmState { default: Some(default), ..Default::default() }));
+        let router = Router::new().route("/v1/chat/completions", post(handle)).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let stop = tokio_util::sync::CancellationToken::new();
+        let s2 = stop.clone();
+        tokio::spawn(async move {
+            let _ =
+                axum::serve(listener, router).with_graceful_shutdown(async move { s2.cancelled_owned().await }).await;
+        });
+        FakeLlm { base, state, stop }
+    }
+
+    pub fn push(&self, r: Reply) {
+        self.state.lock().unwrap().replies.push_back(r);
+    }
+
+    pub fn requests(&self) -> Vec<serde_json::Value> {
+        self.state.lock().unwrap().requests.clone()
+    }
+
+    pub fn client(&self) -> async_openai::Client<async_openai::config::OpenAIConfig> {
+        async_openai::Client::with_config(
+            async_openai::config::OpenAIConfig::new().with_api_base(&self.base).with_api_key("test-key"),
+        )
+    }
+}
+
+async fn handle(State(state): State<Arc<Mutex<LlmState>>>, body: String) -> Response {
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
+    let reply = {
+        let mut s = state.lock().unwrap();
+        s.requests.push(json.clone());
+        s.replies.pop_front().or_else(|| s.default.clone()).unwrap_or(Reply::Text("ok".into()))
+    };
+    let model = json["model"].as_str().unwrap_or("gpt-4o").to_owned();
+    match reply {
+        Reply::Text(t) => axum::Json(serde_json::json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}]
+        }))
+        .into_response(),
+        Reply::ToolCalls(calls) => {
+            let calls: Vec<_> = calls
+                .iter()
+                .map(|(id, name, args)| serde_json::json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
+                .collect();
+            axum::Json(serde_json::json!({
+                "id": "chatcmpl-2", "object": "chat.completion", "created": 1, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": calls}, "finish_reason": "tool_calls"}]
+            }))
+            .into_response()
+        }
+        Reply::Stream(chunks) => {
+            let mut body = String::new();
+            for c in chunks {
+                let chunk = serde_json::json!({
+                    "id": "chatcmpl-3", "object": "chat.completion.chunk", "created": 1, "model": model,
+                    "choices": [{"index": 0, "delta": {"content": c}}]
+                });
+                body.push_str(&format!("data: {chunk}\n\n"));
+            }
+            body.push_str("data: [DONE]\n\n");
+            ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+        }
+        Reply::Status(code, msg) => (
+            StatusCode::from_u16(code).unwrap(),
+            axum::Json(
+                serde_json::json!({"error": {"message": msg, "type": "server_error", "param": null, "code": null}}),
+            ),
+        )
+            .into_response(),
+    }
+}
+
+/// Lines of a server-side read log (empty if the file does not exist).
+pub fn read_log(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path).map(|s| s.lines().map(str::to_owned).collect()).unwrap_or_default()
+}

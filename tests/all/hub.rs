@@ -1,0 +1,248 @@
+//! The hub against real servers: the demo and the fault fixture as child
+//! processes, the fixture over Streamable HTTP, and the reference TypeScript
+//! server-everything from npm.
+
+use std::time::{Duration, Instant};
+
+use mcp_context::{ContentPart, Error, Hub, ResourceId, render_text};
+
+use crate::common::*;
+
+fn id(s: &str) -> ResourceId {
+    ResourceId::parse(s).unwrap()
+}
+
+#[tokio::test]
+async fn demo_server_lists_every_page_and_templates() {
+    let t = tag();
+    let hub = Hub::connect(&config(&format!("servers:\n{}", demo_server("demo", &t)))).await;
+    assert!(hub.failures().is_empty(), "{:?}", hub.failures());
+    let uris: Vec<String> = hub.resources().into_iter().map(|r| r.id.uri).collect();
+    // 7 resources over 3 pages of 3, sorted by URI.
+    assert_eq!(uris.len(), 7, "{uris:?}");
+    assert!(uris.windows(2).all(|w| w[0] <= w[1]));
+    assert_eq!(hub.templates()[0].uri_template, "demo://users/{user}/profile");
+    let guide = hub.resource(&id("demo:demo://docs/guide")).unwrap();
+    assert_eq!(guide.annotations.priority, Some(0.9));
+    assert_eq!(guide.mime_type.as_deref(), Some("text/markdown"));
+    let status = &hub.status()[0];
+    assert_eq!(status.protocol.as_deref(), Some("2025-11-25"));
+    hub.close().await;
+    assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty());
+}
+
+#[tokio::test]
+async fn pagination_follows_an_empty_string_cursor() {
+    let t = tag();
+    let hub = Hub::connect(&config(&format!(
+        "servers:\n{}",
+        fixture_server("fx", &t, &["--n", "10", "--page-size", "3", "--empty-cursor"])
+    )))
+    .await;
+    assert!(hub.failures().is_empty(), "{:?}", hub.failures());
+    assert_eq!(hub.resources().len(), 10);
+    assert!(hub.status()[0].listing_complete);
+    hub.close().await;
+}
+
+#[tokio::test]
+async fn a_repeated_cursor_stops_and_is_reported() {
+    let t = tag();
+    let hub = Hub::connect(&config(&format!(
+        "servers:\n{}",
+        fixture_server("fx", &t, &["--n", "10", "--page-size", "3", "--repeat-cursor"])
+    )))
+    .await;
+    let failures = hub.failures();
+    assert_eq!(failures.len(), 1);
+    assert!(failures[0].error.contains("repeated cursor"), "{failures:?}");
+    assert!(!hub.status()[0].listing_complete);
+    // What was listed before the loop is still there, not silently dropped.
+    assert_eq!(hub.resources().len(), 3);
+    hub.close().await;
+}
+
+#[tokio::test]
+async fn the_same_uri_on_two_servers_is_two_resources() {
+    let t = tag();
+    let hub = Hub::connect(&config(&format!(
+        "servers:\n{}{}",
+        fixture_server("one", &t, &["--n", "2"]),
+        fixture_server("two", &t, &["--n", "2"])
+    )))
+    .await;
+    let ids: Vec<String> = hub.resources().iter().map(|r| r.id.to_string()).collect();
+    assert_eq!(ids, ["one:fx://doc/0", "one:fx://doc/1", "two:fx://doc/0", "two:fx://doc/1"]);
+    let a = hub.read(&id("one:fx://doc/0")).await.unwrap();
+    let b = hub.read(&id("two:fx://doc/0")).await.unwrap();
+    assert_eq!(a, b);
+    hub.close().await;
+}
+
+#[tokio::test]
+async fn broken_servers_are_reported_and_the_others_carry_on() {
+    let t = tag();
+    let yaml = format!(
+        "servers:\n  missing:\n    command: /nonexistent/mcp-server\n{}{}{}{}",
+        fixture_server("exits", &t, &["--exit-at-start"]),
+        fixture_server("garbage", &t, &["--garbage", "--n", "1"]),
+        fixture_server("hangs", &t, &["--hang-init"]).replace("timeout_ms: 3000", "timeout_ms: 500"),
+        fixture_server("good", &t, &["--n", "2"]),
+    );
+    let started = Instant::now();
+    let hub = Hub::connect(&config(&yaml)).await;
+    assert!(started.elapsed() < Duration::from_secs(5), "connect took {:?}", started.elapsed());
+    let failures = hub.failures();
+    let failed: Vec<&str> = failures.iter().map(|f| f.server.as_str()).collect();
+    assert!(failed.contains(&"missing") && failed.contains(&"exits") && failed.contains(&"hangs"), "{failures:?}");
+    assert!(!failed.contains(&"good"));
+    let missing = failures.iter().find(|f| f.server == "missing").unwrap();
+    assert!(missing.error.contains("cannot start"), "{missing:?}");
+    let hangs = failures.iter().find(|f| f.server == "hangs").unwrap();
+    assert!(hangs.error.contains("500 ms"), "{hangs:?}");
+    assert_eq!(hub.resources().iter().filter(|r| r.id.server == "good").count(), 2);
+    let err = hub.read(&id("missing:x://y")).await.unwrap_err();
+    assert!(matches!(err, Error::ServerUnavailable { .. }), "{err}");
+    hub.close().await;
+    assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty());
+}
+
+#[tokio::test]
+async fn reads_time_out_fail_and_miss_with_typed_errors() {
+    let t = tag();
+    let yaml = format!("servers:\n{}", fixture_server("fx", &t, &["--specials"]).replace("3000", "400"));
+    let hub = Hub::connect(&config(&yaml)).await;
+    let started = Instant::now();
+    let e = hub.read(&id("fx:fx://hang")).await.unwrap_err();
+    assert!(e.is_timeout(), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let e = hub.read(&id("fx:fx://nope")).await.unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+    assert_eq!(e.to_string(), "resource not found: fx:fx://nope");
+    let e = hub.read(&id("fx:fx://fail")).await.unwrap_err();
+    assert!(matches!(&e, Error::Server { code: -32603, message, .. } if message == "boom"), "{e}");
+    let e = hub.read(&id("nope:fx://x")).await.unwrap_err();
+    assert!(matches!(e, Error::UnknownServer { .. }));
+    // The connection survives all of that.
+    assert!(hub.read(&id("fx:fx://doc/0")).await.is_ok());
+    hub.close().await;
+}
+
+#[tokio::test]
+async fn binary_empty_and_multipart_contents() {
+    let t = tag();
+    let hub = Hub::connect(&config(&format!("servers:\n{}", fixture_server("fx", &t, &["--specials"])))).await;
+    let blob = hub.read(&id("fx:fx://blob")).await.unwrap();
+    assert!(matches!(&blob.parts[..], [ContentPart::Blob { mime_type: Some(m), .. }] if m == "image/png"));
+    assert_eq!(render_text(&blob, None), "[Binary Data (image/png)]");
+    let nomime = hub.read(&id("fx:fx://blob-nomime")).await.unwrap();
+    assert_eq!(render_text(&nomime, None), "[Binary Data (application/octet-stream)]");
+    let empty = hub.read(&id("fx:fx://empty")).await.unwrap();
+    assert!(empty.parts.is_empty());
+    assert_eq!(render_text(&empty, None), "No content returned from resource.");
+    let multi = hub.read(&id("fx:fx://multi")).await.unwrap();
+    assert_eq!(render_text(&multi, None), "part one\n[Binary Data (application/octet-stream)]\npart two\n");
+    hub.close().await;
+}
+
+#[tokio::test]
+async fn reads_run_concurrently() {
+    let t = tag();
+    // 8 resources that each take 300 ms: sequential would take 2.4 s.
+    let yaml = format!("servers:\n{}", fixture_server("fx", &t, &["--specials", "--slow-ms", "300"]));
+    let hub = Hub::connect(&config(&yaml)).await;
+    let ids: Vec<ResourceId> = (0..8).map(|_| id("fx:fx://slow")).collect();
+    let started = Instant::now();
+    let results = hub.read_many(&ids).await;
+    assert!(results.iter().all(Result::is_ok));
+    // Generous bound: the point is "not one after another".
+    assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
+    hub.close().await;
+}
+
+#[tokio::test]
+async fn streamable_http_server_on_loopback() {
+    let (url, fixture, stop) = http_fixture(Options { n: 5, page_size: 2, specials: true, ..Default::default() }).await;
+    let hub = Hub::connect(&config(&format!("servers:\n  web:\n    url: {url}\n"))).await;
+    assert!(hub.failures().is_empty(), "{:?}", hub.failures());
+    assert_eq!(hub.resources().iter().filter(|r| r.id.uri.starts_with("fx://doc/")).count(), 5);
+    let c = hub.read(&id("web:fx://doc/3")).await.unwrap();
+    assert_eq!(render_text(&c, None), "Document 3. ");
+    assert!(hub.read(&id("web:fx://nope")).await.unwrap_err().is_not_found());
+    assert_eq!(fixture.reads.load(std::sync::atomic::Ordering::SeqCst), 2);
+    hub.close().await;
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn close_ends_stubborn_servers_and_grandchildren() {
+    let t = tag();
+    let dir = tempfile::tempdir().unwrap();
+    let gc = dir.path().join("gc.pid");
+    let gc_s = gc.to_string_lossy().to_string();
+    let yaml = format!(
+        "servers:\n{}{}",
+        fixture_server("stubborn", &t, &["--ignore-term", "--grandchild", "--grandchild-pid-file", &gc_s]),
+        fixture_server("plain", &t, &["--n", "1"]),
+    );
+    let hub = Hub::connect(&config(&yaml)).await;
+    assert!(hub.failures().is_empty(), "{:?}", hub.failures());
+    let before = tagged_processes(&t);
+    assert_eq!(before.len(), 3, "two servers and one grandchild: {before:?}");
+    let grandchild: u32 = std::fs::read_to_string(&gc).unwrap().trim().parse().unwrap();
+    assert!(before.contains(&grandchild));
+    hub.close().await;
+    let left = wait_gone(&t, Duration::from_secs(2)).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
+    hub.close().await; // idempotent
+}
+
+#[tokio::test]
+async fn a_dropped_hub_leaves_no_process() {
+    let t = tag();
+    let yaml =
+        format!("servers:\n{}{}", fixture_server("a", &t, &["--ignore-term", "--grandchild"]), demo_server("demo", &t));
+    let hub = Hub::connect(&config(&yaml)).await;
+    assert_eq!(tagged_processes(&t).len(), 3);
+    drop(hub);
+    let left = wait_gone(&t, Duration::from_secs(3)).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// The reference TypeScript server, installed from npm by `.ci/run`
+/// (`tests/node`, pinned in package-lock.json).
+#[tokio::test]
+async fn reference_server_everything() {
+    let entry = std::path::Path::new(ROOT)
+        .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    if !entry.exists() || std::process::Command::new("node").arg("--version").output().is_err() {
+        eprintln!(
+            "SKIPPED reference_server_everything: node or tests/node/node_modules missing (run `npm ci --prefix tests/node`)"
+        );
+        return;
+    }
+    let t = tag();
+    let yaml = format!(
+        "servers:\n  everything:\n    command: node\n    args: [{:?}, stdio]\n    env: {{ MCP_TEST_TAG: {t:?} }}\n    timeout_ms: 20000\n",
+        entry.to_string_lossy()
+    );
+    let hub = Hub::connect(&config(&yaml)).await;
+    assert!(hub.failures().is_empty(), "{:?}", hub.failures());
+    let resources = hub.resources();
+    assert!(!resources.is_empty());
+    let mut texts = 0;
+    let mut blobs = 0;
+    for r in &resources {
+        let c = hub.read(&r.id).await.unwrap_or_else(|e| panic!("{}: {e}", r.id));
+        for p in &c.parts {
+            match p {
+                ContentPart::Text { .. } => texts += 1,
+                ContentPart::Blob { .. } => blobs += 1,
+            }
+        }
+    }
+    assert!(texts > 0, "server-everything has text resources");
+    eprintln!("server-everything: {} resources, {texts} text parts, {blobs} blob parts", resources.len());
+    hub.close().await;
+    assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty());
+}

@@ -1,0 +1,8 @@
+//! One integration test binary (faster to build than many), one module per
+//! capability. Every test talks to real MCP servers over real transports.
+
+#[path = "../support/fixture.rs"]
+mod handler;
+
+mod common;
+mod hub;

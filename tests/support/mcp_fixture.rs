@@ -1,0 +1,74 @@
+//! `mcp-fixture`: the test MCP server over stdio (test-only binary).
+//!
+//! Flags configure the workload (see `fixture.rs`) and process-level faults:
+//! `--exit-at-start`, `--hang-init` (never answers), `--garbage` (writes
+//! non-JSON to stdout first), `--ignore-term` (ignores SIGTERM and stdin EOF),
+//! `--grandchild` (spawns a long-lived child in its process group, pid written
+//! to `--pid-file`).
+
+#[path = "fixture.rs"]
+mod handler;
+
+use handler::{Fixture, Options};
+use rmcp::ServiceExt;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |n: &str| args.iter().any(|a| a == n);
+    let val = |n: &str| args.iter().position(|a| a == n).and_then(|i| args.get(i + 1)).cloned();
+    let num = |n: &str, d: usize| val(n).and_then(|v| v.parse().ok()).unwrap_or(d);
+    if flag("--exit-at-start") {
+        std::process::exit(3);
+    }
+    if let Some(pid_file) = val("--pid-file") {
+        let _ = std::fs::write(pid_file, std::process::id().to_string());
+    }
+    if flag("--ignore-term") {
+        // SAFETY: setting a signal disposition to SIG_IGN is always sound.
+        unsafe {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        }
+    }
+    if flag("--grandchild") {
+        let child = std::process::Command::new("sleep").arg("1000").spawn().expect("spawn sleep");
+        if let Some(f) = val("--grandchild-pid-file") {
+            let _ = std::fs::write(f, child.id().to_string());
+        }
+    }
+    let opts = Options {
+        n: num("--n", 3),
+        size: num("--size", 0),
+        page_size: num("--page-size", 0),
+        empty_cursor: flag("--empty-cursor"),
+        repeat_cursor: flag("--repeat-cursor"),
+        specials: flag("--specials"),
+        prefix: val("--prefix").unwrap_or_default(),
+        record: val("--record"),
+        slow_ms: num("--slow-ms", 30_000) as u64,
+        big_bytes: num("--big-bytes", 4 << 20),
+        blob_bytes: num("--blob-bytes", 0),
+        exit_on_read: flag("--exit-on-read"),
+        no_templates: flag("--no-templates"),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async move {
+        if flag("--hang-init") {
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        }
+        if flag("--garbage") {
+            println!("this is not json");
+        }
+        let running = match Fixture::new(opts).serve(rmcp::transport::stdio()).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("fixture: {e}");
+                return;
+            }
+        };
+        let _ = running.waiting().await;
+        if flag("--ignore-term") {
+            // Stdin is closed; a stubborn server keeps running anyway.
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        }
+    });
+}
