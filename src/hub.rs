@@ -737,8 +737,10 @@ fn convert_contents(contents: Vec<ResourceContents>, max_bytes: usize) -> Conten
                     }
                     out.truncated_bytes += text.len() - cut;
                     text.truncate(cut);
+                    left = 0;
+                } else {
+                    left -= text.len();
                 }
-                left -= text.len();
                 out.parts.push(ContentPart::Text { text, mime_type });
             }
             ResourceContents::BlobResourceContents { blob, mime_type, .. } => {
@@ -788,6 +790,8 @@ mod tests {
         let c = convert_contents(vec![ResourceContents::text("héllo", "u"), ResourceContents::text("more", "u")], 2);
         assert_eq!(c.parts.len(), 2);
         assert_eq!(c.parts[0], ContentPart::Text { text: "h".into(), mime_type: Some("text/plain".into()) });
-        assert_eq!(c.truncated_bytes, 5);
+        // Once the cap is hit nothing more is kept: "éllo" and "more" are cut.
+        assert_eq!(c.parts[1], ContentPart::Text { text: "".into(), mime_type: Some("text/plain".into()) });
+        assert_eq!(c.truncated_bytes, 9);
     }
 }
