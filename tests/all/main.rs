@@ -5,4 +5,6 @@
 mod handler;
 
 mod common;
+mod cli;
 mod hub;
+mod inject;

@@ -29,6 +29,8 @@ pub struct Options {
     pub blob_bytes: usize,
     pub exit_on_read: bool,
     pub no_templates: bool,
+    /// List fx://hang and fx://exit too (a read of fx://exit kills the server).
+    pub dangerous: bool,
 }
 
 #[derive(Clone)]
@@ -61,6 +63,9 @@ impl Fixture {
                 ("fx://hostile", Some("text/plain")),
                 ("fx://gone", Some("text/plain")),
             ] {
+                if !self.opts.dangerous && (u == "fx://hang" || u == "fx://exit") {
+                    continue;
+                }
                 v.push((format!("{p}{u}"), m));
             }
         }

@@ -49,6 +49,7 @@ fn main() {
         blob_bytes: num("--blob-bytes", 0),
         exit_on_read: flag("--exit-on-read"),
         no_templates: flag("--no-templates"),
+        dangerous: flag("--dangerous"),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
