@@ -8,3 +8,4 @@ mod common;
 mod cli;
 mod hub;
 mod inject;
+mod policy;
