@@ -25,7 +25,7 @@ use crate::inject::inject_message;
 use crate::policy::{Policy, UserPolicy};
 use crate::render::{DEFAULT_PREAMBLE, render_block};
 use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
-use crate::resource::Resource;
+use crate::resource::{Contents, Resource};
 
 /// Priority given to resources that carry none.
 pub const DEFAULT_PRIORITY: f32 = 0.5;
@@ -120,6 +120,11 @@ impl McpContext {
         self.tokens.clone()
     }
 
+    /// Entries in the content cache (all users).
+    pub fn cached_entries(&self) -> usize {
+        self.cache.len()
+    }
+
     /// Listed resources (plus the user's policy includes) that `user` may
     /// see, in listing order. Nothing is read.
     pub fn visible_resources(&self, user: &str) -> Vec<Resource> {
@@ -206,19 +211,20 @@ impl McpContext {
             pb.total_cmp(&pa).then(order(a).cmp(&order(b))).then_with(|| a.id.uri.cmp(&b.id.uri))
         });
         let t_select = started.elapsed();
+        let any_selected = !selected.is_empty();
 
         // 2. Read what is visible, concurrently (cache first).
         let reads = self.cache.read_many(&selected, &req.user).await;
         let t_read = started.elapsed();
-        let mut blocks = Vec::new();
-        let mut stale = Vec::new();
-        for (r, got) in selected.iter().zip(reads) {
+        let mut ready = Vec::with_capacity(selected.len());
+        let mut stale = std::collections::HashSet::new();
+        for (r, got) in selected.into_iter().zip(reads) {
             match got {
                 Ok(c) => {
                     if c.stale {
-                        stale.push(r.id.clone());
+                        stale.insert(r.id.to_string());
                     }
-                    blocks.push(render_block(r, &*c.contents));
+                    ready.push((r, c.contents));
                 }
                 Err(e) => report.excluded.push(Excluded {
                     id: r.id.to_string(),
@@ -227,43 +233,29 @@ impl McpContext {
                 }),
             }
         }
+        let any_read = !ready.is_empty();
 
-        // 3. Fit the budget, off the async runtime (tokenising can be slow).
+        // 3. Render and fit the budget, off the async runtime (tokenising can be slow).
         let preamble = self.settings.preamble.clone().unwrap_or_else(|| DEFAULT_PREAMBLE.to_owned());
         let cache = self.tokens.clone();
-        let packed: Packed = tokio::task::spawn_blocking(move || {
-            pack(
-                &tok,
-                &cache,
-                PackInput { preamble: &preamble, blocks, budget, min_useful_tokens: DEFAULT_MIN_USEFUL_TOKENS },
-            )
+        let packed = tokio::task::spawn_blocking(move || {
+            let items: Vec<(&Resource, &Contents)> = ready.iter().map(|(r, c)| (r, &**c)).collect();
+            compose(&tok, &cache, &preamble, budget, &items)
         })
         .await
         .map_err(|e| Error::Other(format!("packing failed: {e}")))?;
-        for d in packed.dropped {
-            report.excluded.push(Excluded {
-                id: d.id.to_string(),
-                reason: ExcludeReason::Budget,
-                detail: Some(d.detail),
-            });
+        report.excluded.extend(packed.dropped);
+        report.included = packed.included;
+        for i in &mut report.included {
+            i.stale = stale.contains(&i.id);
         }
-        report.included = packed
-            .included
-            .iter()
-            .map(|i| Included {
-                id: i.id.to_string(),
-                tokens: i.tokens,
-                truncated: i.truncated,
-                stale: stale.contains(&i.id),
-            })
-            .collect();
         report.tokens = packed.tokens;
         let message =
             packed.content.map(|content| ContextMessage { role: self.settings.role, content, tokens: packed.tokens });
         if message.is_none() {
-            report.reason = Some(if selected.is_empty() {
+            report.reason = Some(if !any_selected {
                 "no resource is visible to this user".into()
-            } else if report.included.is_empty() && report.excluded.iter().all(|e| e.reason != ExcludeReason::Budget) {
+            } else if !any_read {
                 "every visible resource failed to read".into()
             } else {
                 format!("nothing fits in the budget of {budget} tokens")
@@ -309,6 +301,50 @@ impl McpContext {
     /// Ends every server connection. Call before the runtime stops.
     pub async fn close(&self) {
         self.hub.close().await;
+    }
+}
+
+/// The result of [`compose`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Composition {
+    /// The message content; `None` when nothing fits.
+    pub content: Option<String>,
+    /// Exact token count of `content` (0 when `None`).
+    pub tokens: usize,
+    /// Included resources, in message order.
+    pub included: Vec<Included>,
+    /// Resources left out for the budget.
+    pub dropped: Vec<Excluded>,
+}
+
+/// The pure middle of the pipeline, for callers that read resources
+/// themselves: renders already-read resources **in the given order** and
+/// packs them under `budget` (exact count, preamble included). Token counts
+/// are cached in `cache` by content, so a repeated call with unchanged
+/// contents tokenises nothing. CPU-bound: call it off the async runtime.
+pub fn compose(
+    tok: &Tokenizer,
+    cache: &TokenCache,
+    preamble: &str,
+    budget: usize,
+    items: &[(&Resource, &Contents)],
+) -> Composition {
+    let blocks = items.iter().map(|(r, c)| render_block(r, c)).collect();
+    let packed: Packed =
+        pack(tok, cache, PackInput { preamble, blocks, budget, min_useful_tokens: DEFAULT_MIN_USEFUL_TOKENS });
+    Composition {
+        content: packed.content,
+        tokens: packed.tokens,
+        included: packed
+            .included
+            .into_iter()
+            .map(|i| Included { id: i.id.to_string(), tokens: i.tokens, truncated: i.truncated, stale: false })
+            .collect(),
+        dropped: packed
+            .dropped
+            .into_iter()
+            .map(|d| Excluded { id: d.id.to_string(), reason: ExcludeReason::Budget, detail: Some(d.detail) })
+            .collect(),
     }
 }
 

@@ -50,7 +50,7 @@ mod tools;
 pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
 pub use config::{Config, ContextSettings, MessageRole, ServerConfig, Transport};
-pub use context::{ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext};
+pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
 pub use hub::{Hub, HubEvent, ServerFailure, ServerStatus};
 pub use id::ResourceId;

@@ -49,6 +49,7 @@ pub struct RenderedBlock {
 
 impl RenderedBlock {
     /// The whole block: `head` followed by `tail`.
+    #[cfg(test)]
     pub fn text(&self) -> String {
         let mut s = String::with_capacity(self.head.len() + self.tail.len());
         s.push_str(&self.head);
@@ -129,6 +130,7 @@ pub fn render_block(resource: &Resource, contents: &Contents) -> RenderedBlock {
 
 /// The message content: `preamble`, a blank line, then the blocks separated
 /// by blank lines. No trailing newline.
+#[cfg(test)]
 pub fn assemble(preamble: &str, blocks: &[&str]) -> String {
     let len = preamble.len() + blocks.iter().map(|b| b.len() + 2).sum::<usize>();
     let mut out = String::with_capacity(len);
