@@ -86,7 +86,10 @@ fn config_errors_name_file_line_and_column() {
     let out = run(dir.path(), &["list"]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("mcp-context.yaml:3:5: servers: unknown field `comand`") || err.contains("mcp-context.yaml:3:5"), "{err}");
+    assert!(
+        err.contains("mcp-context.yaml:3:5: servers: unknown field `comand`") || err.contains("mcp-context.yaml:3:5"),
+        "{err}"
+    );
     // --config and $MCP_CONTEXT_CONFIG are honoured.
     let out = run(dir.path(), &["--config", "/nonexistent.yaml", "list"]);
     assert!(text(&out.stderr).contains("/nonexistent.yaml: cannot read the config file"));
@@ -132,15 +135,17 @@ fn preview_json_is_exact_and_policy_driven() {
 
 #[test]
 fn preview_budget_model_and_nothing_to_inject() {
-    let v: serde_json::Value =
-        serde_json::from_slice(&run(repo(), &["preview", "--user", "alice", "--json", "--budget", "120", "--model", "gpt-4"]).stdout)
-            .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(
+        &run(repo(), &["preview", "--user", "alice", "--json", "--budget", "120", "--model", "gpt-4"]).stdout,
+    )
+    .unwrap();
     assert_eq!(v["encoding"], "cl100k_base");
     assert_eq!(v["budget"], 120);
     assert!(v["tokens"].as_u64().unwrap() <= 120);
     assert!(v["excluded"].as_array().unwrap().iter().any(|e| e["reason"] == "budget"));
     let v: serde_json::Value =
-        serde_json::from_slice(&run(repo(), &["preview", "--user", "alice", "--json", "--budget", "5"]).stdout).unwrap();
+        serde_json::from_slice(&run(repo(), &["preview", "--user", "alice", "--json", "--budget", "5"]).stdout)
+            .unwrap();
     assert!(v["message"].is_null());
     assert_eq!(v["tokens"], 0);
     assert!(v["reason"].as_str().unwrap().contains("budget"));

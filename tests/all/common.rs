@@ -135,6 +135,8 @@ pub struct LlmState {
     pub requests: Vec<serde_json::Value>,
     pub replies: std::collections::VecDeque<Reply>,
     pub default: Option<Reply>,
+    /// Answer this status when the last message contains the text.
+    pub fail_on: Option<(String, u16)>,
 }
 
 /// A local OpenAI-compatible endpoint. `base` ends in `/v1`.
@@ -185,45 +187,58 @@ async fn handle(State(state): State<Arc<Mutex<LlmState>>>, body: String) -> Resp
     let reply = {
         let mut s = state.lock().unwrap();
         s.requests.push(json.clone());
+        let last =
+            json["messages"].as_array().and_then(|m| m.last()).map(|m| m["content"].to_string()).unwrap_or_default();
+        if let Some((needle, code)) = &s.fail_on
+            && last.contains(needle.as_str())
+        {
+            return Reply::Status(*code, "upstream exploded".into()).into_response_for(&json);
+        }
         s.replies.pop_front().or_else(|| s.default.clone()).unwrap_or(Reply::Text("ok".into()))
     };
-    let model = json["model"].as_str().unwrap_or("gpt-4o").to_owned();
-    match reply {
-        Reply::Text(t) => axum::Json(serde_json::json!({
-            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}]
-        }))
-        .into_response(),
-        Reply::ToolCalls(calls) => {
-            let calls: Vec<_> = calls
+    reply.into_response_for(&json)
+}
+
+impl Reply {
+    fn into_response_for(self, json: &serde_json::Value) -> Response {
+        let model = json["model"].as_str().unwrap_or("gpt-4o").to_owned();
+        match self {
+            Reply::Text(t) => axum::Json(serde_json::json!({
+                "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}]
+            }))
+            .into_response(),
+            Reply::ToolCalls(calls) => {
+                let calls: Vec<_> = calls
                 .iter()
                 .map(|(id, name, args)| serde_json::json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
                 .collect();
-            axum::Json(serde_json::json!({
+                axum::Json(serde_json::json!({
                 "id": "chatcmpl-2", "object": "chat.completion", "created": 1, "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": calls}, "finish_reason": "tool_calls"}]
             }))
             .into_response()
-        }
-        Reply::Stream(chunks) => {
-            let mut body = String::new();
-            for c in chunks {
-                let chunk = serde_json::json!({
-                    "id": "chatcmpl-3", "object": "chat.completion.chunk", "created": 1, "model": model,
-                    "choices": [{"index": 0, "delta": {"content": c}}]
-                });
-                body.push_str(&format!("data: {chunk}\n\n"));
             }
-            body.push_str("data: [DONE]\n\n");
-            ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+            Reply::Stream(chunks) => {
+                let mut body = String::new();
+                for c in chunks {
+                    let chunk = serde_json::json!({
+                        "id": "chatcmpl-3", "object": "chat.completion.chunk", "created": 1, "model": model,
+                        "choices": [{"index": 0, "delta": {"content": c}}]
+                    });
+                    body.push_str(&format!("data: {chunk}\n\n"));
+                }
+                body.push_str("data: [DONE]\n\n");
+                ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+            }
+            Reply::Status(code, msg) => (
+                StatusCode::from_u16(code).unwrap(),
+                axum::Json(
+                    serde_json::json!({"error": {"message": msg, "type": "server_error", "param": null, "code": null}}),
+                ),
+            )
+                .into_response(),
         }
-        Reply::Status(code, msg) => (
-            StatusCode::from_u16(code).unwrap(),
-            axum::Json(
-                serde_json::json!({"error": {"message": msg, "type": "server_error", "param": null, "code": null}}),
-            ),
-        )
-            .into_response(),
     }
 }
 

@@ -37,11 +37,8 @@ fn conversation() -> CreateChatCompletionRequest {
 }
 
 async fn demo_context(t: &str) -> Arc<McpContext> {
-    let yaml = format!(
-        "servers:\n{}policy: {:?}\ncontext:\n  max_tokens: 4000\n",
-        demo_server("demo", t),
-        policies_dir()
-    );
+    let yaml =
+        format!("servers:\n{}policy: {:?}\ncontext:\n  max_tokens: 4000\n", demo_server("demo", t), policies_dir());
     Arc::new(McpContext::from_config(&config(&yaml)).await.unwrap())
 }
 
@@ -133,7 +130,9 @@ async fn developer_role_selection_and_nothing_to_inject() {
     let (_, report) = ctx.inject(conversation(), "x").await.unwrap();
     assert_eq!(report.excluded.iter().filter(|e| e.reason == mcp_context::ExcludeReason::Audience).count(), 1);
     // Empty policy: nothing visible, nothing injected, request untouched.
-    let ctx2 = McpContext::with_policy(&config(&yaml), Policy::from_yaml("", std::path::Path::new("empty.yaml")).unwrap()).await;
+    let ctx2 =
+        McpContext::with_policy(&config(&yaml), Policy::from_yaml("", std::path::Path::new("empty.yaml")).unwrap())
+            .await;
     let (r, report) = ctx2.inject(conversation(), "x").await.unwrap();
     assert_eq!(serde_json::to_value(&r).unwrap(), serde_json::to_value(conversation()).unwrap());
     assert!(report.reason.as_deref().unwrap().contains("no resource is visible"));

@@ -4,8 +4,9 @@
 #[path = "../support/fixture.rs"]
 mod handler;
 
-mod common;
+mod chatbot;
 mod cli;
+mod common;
 mod hub;
 mod inject;
 mod policy;

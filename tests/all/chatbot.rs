@@ -1,0 +1,125 @@
+//! The example chatbot, end to end: its binary in line mode against a local
+//! OpenAI-compatible server (streaming SSE) and the demo MCP server.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::common::*;
+
+/// `cargo test` builds the examples next to the test binaries.
+fn chatbot_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    dir.join("examples").join("chatbot")
+}
+
+fn write_config(dir: &std::path::Path, t: &str) -> PathBuf {
+    let path = dir.join("chat.yaml");
+    std::fs::write(
+        &path,
+        format!("servers:\n{}policy: {:?}\ncontext:\n  max_tokens: 4000\n", demo_server("demo", t), policies_dir()),
+    )
+    .unwrap();
+    path
+}
+
+fn run_chat(llm_base: Option<&str>, config: &std::path::Path, input: &str, extra: &[&str]) -> (String, String) {
+    let mut cmd = Command::new(chatbot_binary());
+    cmd.args(["--config", config.to_str().unwrap(), "--user", "alice"])
+        .args(extra)
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(base) = llm_base {
+        cmd.env("OPENAI_BASE_URL", base).env("OPENAI_API_KEY", "test-key");
+    }
+    let mut child = cmd.spawn().expect("chatbot example is built by `cargo test`");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "chatbot failed: {}", String::from_utf8_lossy(&out.stderr));
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripted_conversation_carries_one_context_message_per_turn() {
+    let t = tag();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &t);
+    let llm = FakeLlm::start(Reply::Stream(vec!["Hello ".into(), "from the model".into()])).await;
+    // Turn 4 fails with a 500; async-openai retries it three times, so four calls.
+    let script = "hello\n/user bob\nsecond question\n@demo:demo://public/faq what is free?\n/resources\nthis one fails\nafter the error\n/context\n/quit\n";
+    llm.state.lock().unwrap().fail_on = Some(("this one fails".into(), 500));
+    let base = llm.base.clone();
+    let (stdout, stderr) =
+        tokio::task::spawn_blocking(move || run_chat(Some(&base), &config, script, &[])).await.unwrap();
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 3 + 4 + 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let ok: Vec<&serde_json::Value> = [0, 1, 2, 7].iter().map(|i| &requests[*i]).collect();
+    for (turn, r) in ok.iter().enumerate() {
+        let m = r["messages"].as_array().unwrap();
+        assert_eq!(m[0]["role"], "system");
+        assert_eq!(m[0]["name"], "mcp_context");
+        assert_eq!(m.iter().filter(|x| x["name"] == "mcp_context").count(), 1);
+        // History grows by user + assistant per successful turn.
+        assert_eq!(m.len(), 2 + 2 * turn, "turn {turn}");
+        assert_eq!(r["stream"], true);
+    }
+    let sys = |i: usize| ok[i]["messages"][0]["content"].as_str().unwrap().to_owned();
+    assert!(sys(0).contains("demo://users/alice/profile"));
+    assert!(sys(1).contains("demo://users/bob/profile") && !sys(1).contains("users/alice"));
+    // The @ mention narrows the context to the FAQ.
+    assert!(sys(2).contains("demo:demo://public/faq"));
+    assert_eq!(sys(2).matches("<resource ").count(), 1);
+    // The failed turn is not in the history of the next request.
+    let last = ok[3]["messages"].as_array().unwrap();
+    assert!(last.iter().all(|m| m["content"] != "this one fails"));
+    assert_eq!(last[last.len() - 1]["content"], "after the error");
+    // stdout: answers streamed, one error line, then the chat goes on.
+    assert_eq!(stdout.matches("Hello from the model").count(), 4, "{stdout}");
+    let errors: Vec<&str> = stdout.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{stdout}");
+    assert!(errors[0].contains("upstream exploded"), "{}", errors[0]);
+    assert!(stdout.contains("(now chatting as bob)"));
+    assert!(stdout.contains("Available MCP Resources:\n- demo:demo://docs/changelog"));
+    assert!(stdout.contains("user bob") && stdout.contains("included"), "/context prints the report: {stdout}");
+    assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty(), "the demo server was left running");
+}
+
+#[tokio::test]
+async fn without_key_or_base_url_it_runs_dry() {
+    let t = tag();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &t);
+    let (stdout, stderr) =
+        tokio::task::spawn_blocking(move || run_chat(None, &config, "how do I share?\n", &[])).await.unwrap();
+    assert!(stderr.contains("--dry-run"), "{stderr}");
+    assert!(stdout.contains("--- request (dry run, not sent) ---"));
+    let json_start = stdout.find('{').unwrap();
+    let json_end = stdout.find("--- end ---").unwrap();
+    let request: serde_json::Value = serde_json::from_str(&stdout[json_start..json_end]).unwrap();
+    assert_eq!(request["messages"][0]["name"], "mcp_context");
+    assert_eq!(request["messages"][1]["content"], "how do I share?");
+    assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_mention_the_user_may_not_see_is_refused() {
+    let t = tag();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &t);
+    let llm = FakeLlm::start(Reply::Stream(vec!["ok".into()])).await;
+    let base = llm.base.clone();
+    let (stdout, _) = tokio::task::spawn_blocking(move || {
+        run_chat(Some(&base), &config, "@demo:secret://payroll/2026 salaries?\n", &[])
+    })
+    .await
+    .unwrap();
+    assert!(stdout.contains("(@demo:secret://payroll/2026 is not available to alice"), "{stdout}");
+    let sent = &llm.requests()[0];
+    let first = &sent["messages"][0];
+    assert!(first["name"] != "mcp_context" || !first["content"].as_str().unwrap().contains("91000"));
+}
