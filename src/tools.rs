@@ -203,17 +203,85 @@ impl McpContext {
     }
 }
 
-/// Cuts a tool result to `cap` tokens with the same marker as injection.
+/// Cuts a tool result to at most `cap` tokens, marker included, with the
+/// same marker as injection (`[truncated: kept K of N tokens]`).
 fn cap_tokens(model: &str, cache: &crate::budget::TokenCache, text: String, cap: usize) -> String {
     let (tok, _) = Tokenizer::for_model(model);
-    if cache.count(&tok, &text) <= cap {
+    let total = cache.count(&tok, &text);
+    if total <= cap {
         return text;
     }
-    let (prefix, kept, total) = tok.truncate(&text, cap);
-    let mut out = prefix;
-    if !out.ends_with('\n') {
-        out.push('\n');
+    // Reserve room for the marker line, then back off until the whole fits.
+    let mut keep = cap.saturating_sub(tok.count(&format!("\n[truncated: kept {cap} of {total} tokens]")));
+    loop {
+        let (prefix, kept, _) = tok.truncate(&text, keep);
+        let mut out = prefix;
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push_str(&format!("[truncated: kept {kept} of {total} tokens]"));
+        if keep == 0 || tok.count(&out) <= cap {
+            return out;
+        }
+        keep -= 1;
     }
-    out.push_str(&format!("[truncated: kept {kept} of {total} tokens]"));
-    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::Annotations;
+
+    fn res(id: &str, name: &str, desc: Option<&str>) -> Resource {
+        let mut r = Resource::unlisted(ResourceId::parse(id).unwrap());
+        r.name = name.into();
+        r.description = desc.map(Into::into);
+        r.annotations = Annotations::default();
+        r
+    }
+
+    #[test]
+    fn listing_texts() {
+        let all = vec![
+            res("myserver:test://resource1", "Resource 1", Some("A test resource")),
+            res("other:x://y", "", None),
+            res("other:x://z", "zed", Some("multi\nline")),
+        ];
+        assert_eq!(
+            format_listing(&all, None),
+            "Available MCP Resources:\n- myserver:test://resource1 | Resource 1 | A test resource\n- other:x://y\n- other:x://z | zed | multi line\n"
+        );
+        assert_eq!(
+            format_listing(&all, Some("other")),
+            "Available MCP Resources:\n- other:x://y\n- other:x://z | zed | multi line\n"
+        );
+        assert_eq!(format_listing(&all, Some("nope")), "No resources found for server: nope\n");
+        assert_eq!(format_listing(&[], None), "No MCP resources found.\n");
+    }
+
+    #[test]
+    fn definitions_have_schemas() {
+        let v = serde_json::to_value(tool_definitions()).unwrap();
+        assert_eq!(v[0]["type"], "function");
+        assert_eq!(v[0]["function"]["name"], LIST_TOOL);
+        assert_eq!(v[1]["function"]["name"], READ_TOOL);
+        assert_eq!(v[1]["function"]["parameters"]["required"], serde_json::json!(["uri"]));
+        let mut req = async_openai::types::chat::CreateChatCompletionRequest::default();
+        add_tools(&mut req);
+        add_tools(&mut req);
+        assert_eq!(req.tools.as_ref().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn caps_tool_results_with_the_marker() {
+        let cache = crate::budget::TokenCache::new();
+        let text = "word ".repeat(500);
+        let (tok, _) = Tokenizer::for_model("gpt-4o");
+        let total = tok.count(&text);
+        let out = cap_tokens("gpt-4o", &cache, text.clone(), 50);
+        assert!(out.ends_with(&format!(" of {total} tokens]")), "{out}");
+        assert!(out.contains("[truncated: kept "), "{out}");
+        assert!(tok.count(&out) <= 50, "{}", tok.count(&out));
+        assert_eq!(cap_tokens("gpt-4o", &cache, "short".into(), 50), "short");
+    }
 }

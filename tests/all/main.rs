@@ -10,3 +10,4 @@ mod common;
 mod hub;
 mod inject;
 mod policy;
+mod tools;
