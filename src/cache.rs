@@ -104,6 +104,14 @@ impl ContentCache {
                         let id = ResourceId::from_listing(&server, &uri);
                         invalidate(&mut s, &id);
                     }
+                    HubEvent::Restarted { server } => {
+                        let ids: Vec<ResourceId> =
+                            s.entries.keys().filter(|k| k.id.server == server).map(|k| k.id.clone()).collect();
+                        for id in ids {
+                            invalidate(&mut s, &id);
+                        }
+                        s.subscribed.retain(|id| id.server != server);
+                    }
                     HubEvent::ListChanged { server } => {
                         let listed: std::collections::HashSet<String> =
                             hub2.resources().into_iter().filter(|r| r.id.server == server).map(|r| r.id.uri).collect();

@@ -214,7 +214,13 @@ impl McpContext {
         let any_selected = !selected.is_empty();
 
         // 2. Read what is visible, concurrently (cache first).
+        let restarts_before: Vec<u32> = self.hub.status().iter().map(|s| s.restarts).collect();
         let reads = self.cache.read_many(&selected, &req.user).await;
+        for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
+            if s.restarts > before {
+                report.restarted_servers.push(s.name);
+            }
+        }
         let t_read = started.elapsed();
         let mut ready = Vec::with_capacity(selected.len());
         let mut stale = std::collections::HashSet::new();

@@ -20,6 +20,7 @@
 
 use std::collections::HashSet;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -63,6 +64,12 @@ pub enum HubEvent {
         /// The server.
         server: String,
     },
+    /// The server's connection was re-established (its process had ended):
+    /// everything cached from it, subscriptions included, is void.
+    Restarted {
+        /// The server.
+        server: String,
+    },
 }
 
 /// A server that could not be used, and why.
@@ -99,6 +106,8 @@ pub struct ServerStatus {
     pub connect_ms: f64,
     /// Time to list every page of resources and templates, in ms.
     pub list_ms: f64,
+    /// How many times the connection was re-established.
+    pub restarts: u32,
 }
 
 #[derive(Clone)]
@@ -165,6 +174,24 @@ struct Server {
     reads: Semaphore,
     /// (connect, list) durations of the last connection, in ms.
     timings: RwLock<(f64, f64)>,
+    /// Serialises reconnection attempts and holds their backoff.
+    restart: tokio::sync::Mutex<Backoff>,
+    restarts: AtomicU32,
+}
+
+/// Reconnection backoff: 250 ms after the first failure, doubling, at most 30 s.
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+    next_try: Option<tokio::time::Instant>,
+}
+
+impl Backoff {
+    fn failed(&mut self) {
+        self.failures += 1;
+        let delay = Duration::from_millis(250u64.saturating_mul(1 << self.failures.min(7).saturating_sub(1)));
+        self.next_try = Some(tokio::time::Instant::now() + delay.min(Duration::from_secs(30)));
+    }
 }
 
 struct Shared {
@@ -173,6 +200,8 @@ struct Shared {
     events: broadcast::Sender<HubEvent>,
     reads: Semaphore,
     relist_task: StdMutex<Option<tokio::task::JoinHandle<()>>>,
+    relist_tx: tokio::sync::mpsc::UnboundedSender<Arc<str>>,
+    closed: AtomicBool,
 }
 
 /// Connections to every configured server. Cheap to clone; all clones share
@@ -202,6 +231,8 @@ impl Hub {
                 listing: RwLock::new(Arc::new(Listing::default())),
                 reads: Semaphore::new(cfg.max_concurrent_reads),
                 timings: RwLock::new((0.0, 0.0)),
+                restart: tokio::sync::Mutex::new(Backoff::default()),
+                restarts: AtomicU32::new(0),
             })
             .collect();
         let shared = Arc::new(Shared {
@@ -210,24 +241,12 @@ impl Hub {
             events: events.clone(),
             reads: Semaphore::new(GLOBAL_READS),
             relist_task: StdMutex::new(None),
+            relist_tx,
+            closed: AtomicBool::new(false),
         });
         join_all(shared.servers.iter().map(|s| async {
-            let host = Host { server: s.cfg.name.as_str().into(), events: events.clone(), relist: relist_tx.clone() };
-            let started = std::time::Instant::now();
-            match connect_server(&s.cfg, host).await {
-                Ok(live) => {
-                    let connected = started.elapsed();
-                    let live = Arc::new(live);
-                    *write(&s.live) = Some(live.clone());
-                    let listing = list_server(&s.cfg, &live).await;
-                    *write(&s.listing) = Arc::new(listing);
-                    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-                    *write(&s.timings) = (ms(connected), ms(started.elapsed() - connected));
-                }
-                Err(e) => {
-                    tracing::warn!(server = %s.cfg.name, error = %e, "server unavailable");
-                    *write(&s.error) = Some(e);
-                }
+            if !connect_one(&shared, s).await {
+                lock_backoff(s).await.failed();
             }
         }))
         .await;
@@ -268,6 +287,7 @@ impl Hub {
                     list_changed: live.as_ref().is_some_and(|l| l.list_changed),
                     connect_ms: read(&s.timings).0,
                     list_ms: read(&s.timings).1,
+                    restarts: s.restarts.load(Ordering::SeqCst),
                 }
             })
             .collect()
@@ -336,11 +356,45 @@ impl Hub {
             .ok_or_else(|| Error::UnknownServer { server: name.to_owned(), known: self.server_names().join(", ") })
     }
 
-    fn live(&self, server: &Server) -> Result<Arc<Live>> {
-        read(&server.live).clone().ok_or_else(|| Error::ServerUnavailable {
-            server: server.cfg.name.clone(),
-            cause: read(&server.error).clone().unwrap_or_else(|| "closed".into()),
-        })
+    /// The server's live connection; if its process ended (or it never
+    /// came up), reconnects, at most once per backoff period.
+    async fn live(&self, server: &Server) -> Result<Arc<Live>> {
+        let usable = |s: &Server| read(&s.live).clone().filter(|l| !l.peer.is_transport_closed());
+        if let Some(live) = usable(server) {
+            return Ok(live);
+        }
+        let unavailable = |cause: String| Error::ServerUnavailable { server: server.cfg.name.clone(), cause };
+        if self.shared.closed.load(Ordering::SeqCst) {
+            return Err(unavailable("the hub is closed".into()));
+        }
+        let mut backoff = server.restart.lock().await;
+        if let Some(live) = usable(server) {
+            return Ok(live); // another request reconnected while we waited
+        }
+        let last_error = read(&server.error).clone().unwrap_or_else(|| "its process ended".into());
+        if let Some(t) = backoff.next_try
+            && tokio::time::Instant::now() < t
+        {
+            let wait = t - tokio::time::Instant::now();
+            return Err(unavailable(format!("{last_error} (next reconnect attempt in {} ms)", wait.as_millis())));
+        }
+        let old = write(&server.live).take();
+        let was_up = old.is_some();
+        if let Some(old) = old {
+            tracing::warn!(server = %server.cfg.name, "connection lost; restarting");
+            shutdown(&old).await;
+        }
+        if connect_one(&self.shared, server).await {
+            *backoff = Backoff::default();
+            if was_up {
+                server.restarts.fetch_add(1, Ordering::SeqCst);
+            }
+            let _ = self.shared.events.send(HubEvent::Restarted { server: server.cfg.name.clone() });
+            usable(server).ok_or_else(|| unavailable("connection closed right after restart".into()))
+        } else {
+            backoff.failed();
+            Err(unavailable(read(&server.error).clone().unwrap_or(last_error)))
+        }
     }
 
     /// Reads one resource (`resources/read`), bounded by the server's timeout
@@ -348,7 +402,7 @@ impl Hub {
     /// cut here, before anything tokenises it.
     pub async fn read(&self, id: &ResourceId) -> Result<Contents> {
         let server = self.server(&id.server)?;
-        let live = self.live(server)?;
+        let live = self.live(server).await?;
         let _global = self.shared.reads.acquire().await.map_err(|_| closed(server, id))?;
         let _local = server.reads.acquire().await.map_err(|_| closed(server, id))?;
         let what = format!("resources/read {}", id.uri);
@@ -380,7 +434,7 @@ impl Hub {
     /// Returns whether a subscription is now in place.
     pub async fn subscribe(&self, id: &ResourceId) -> Result<bool> {
         let server = self.server(&id.server)?;
-        let live = self.live(server)?;
+        let live = self.live(server).await?;
         if !live.subscribe {
             return Ok(false);
         }
@@ -399,6 +453,7 @@ impl Hub {
     /// Ends every server: close stdin (or the HTTP session), wait, SIGTERM
     /// the process group, wait, SIGKILL it. Idempotent.
     pub async fn close(&self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
         if let Ok(mut t) = self.shared.relist_task.lock()
             && let Some(t) = t.take()
         {
@@ -417,11 +472,40 @@ impl Hub {
     /// Re-lists one server now (also done automatically on `list_changed`).
     pub async fn relist(&self, server: &str) -> Result<()> {
         let s = self.server(server)?;
-        let live = self.live(s)?;
+        let live = self.live(s).await?;
         let listing = list_server(&s.cfg, &live).await;
         *write(&s.listing) = Arc::new(listing);
         Ok(())
     }
+}
+
+/// Connects (or reconnects) one server and lists it. Records the outcome.
+async fn connect_one(shared: &Shared, s: &Server) -> bool {
+    let host =
+        Host { server: s.cfg.name.as_str().into(), events: shared.events.clone(), relist: shared.relist_tx.clone() };
+    let started = std::time::Instant::now();
+    match connect_server(&s.cfg, host).await {
+        Ok(live) => {
+            let connected = started.elapsed();
+            let live = Arc::new(live);
+            *write(&s.live) = Some(live.clone());
+            *write(&s.error) = None;
+            let listing = list_server(&s.cfg, &live).await;
+            *write(&s.listing) = Arc::new(listing);
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            *write(&s.timings) = (ms(connected), ms(started.elapsed() - connected));
+            true
+        }
+        Err(e) => {
+            tracing::warn!(server = %s.cfg.name, error = %e, "server unavailable");
+            *write(&s.error) = Some(e);
+            false
+        }
+    }
+}
+
+async fn lock_backoff(s: &Server) -> tokio::sync::MutexGuard<'_, Backoff> {
+    s.restart.lock().await
 }
 
 async fn relist_loop(shared: std::sync::Weak<Shared>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Arc<str>>) {

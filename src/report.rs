@@ -94,6 +94,10 @@ pub struct Report {
     pub excluded: Vec<Excluded>,
     /// Servers that could not be used, or whose listing is incomplete.
     pub failed_servers: Vec<ServerFailure>,
+    /// Servers whose connection was re-established during this request
+    /// (their process had ended); their subscriptions were renewed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub restarted_servers: Vec<String>,
     /// Why nothing was injected, when nothing was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -170,6 +174,9 @@ impl fmt::Display for Report {
         }
         for s in &self.failed_servers {
             writeln!(f, "  server {} failed: {}", s.server, s.error)?;
+        }
+        for s in &self.restarted_servers {
+            writeln!(f, "  server {s} was restarted (its process had ended)")?;
         }
         for w in &self.warnings {
             writeln!(f, "  warning: {w}")?;

@@ -31,23 +31,87 @@ pub struct Options {
     pub no_templates: bool,
     /// List fx://hang and fx://exit too (a read of fx://exit kills the server).
     pub dangerous: bool,
+    /// Advertise and implement resources/subscribe and list_changed.
+    pub subscribe: bool,
+    /// fx://live: its text is this file's content; a change is notified.
+    pub live: Option<String>,
+    /// The number of fx://doc/N resources is read from this file; a change
+    /// sends list_changed.
+    pub list_file: Option<String>,
+    /// While this file exists, reads of fx://live fail.
+    pub fail_file: Option<String>,
+    /// Read results say `cacheScope: private`, `ttlMs: 60000`.
+    pub private: bool,
 }
 
 #[derive(Clone)]
 pub struct Fixture {
     pub opts: Arc<Options>,
     pub reads: Arc<AtomicUsize>,
+    peers: Arc<std::sync::Mutex<Vec<rmcp::Peer<RoleServer>>>>,
+    subs: Arc<std::sync::Mutex<Vec<(String, rmcp::Peer<RoleServer>)>>>,
+    watching: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Fixture {
     pub fn new(opts: Options) -> Self {
-        Self { opts: Arc::new(opts), reads: Arc::new(AtomicUsize::new(0)) }
+        Self {
+            opts: Arc::new(opts),
+            reads: Arc::new(AtomicUsize::new(0)),
+            peers: Arc::default(),
+            subs: Arc::default(),
+            watching: Arc::default(),
+        }
+    }
+
+    fn n(&self) -> usize {
+        self.opts
+            .list_file
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(self.opts.n)
+    }
+
+    /// Polls the live and list files and notifies on change.
+    fn watch(&self) {
+        if self.watching.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let read = |f: &Option<String>| f.as_ref().and_then(|f| std::fs::read_to_string(f).ok());
+            let (mut live, mut list) = (read(&me.opts.live), read(&me.opts.list_file));
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let (l2, n2) = (read(&me.opts.live), read(&me.opts.list_file));
+                if l2 != live {
+                    live = l2;
+                    let subs: Vec<_> = me.subs.lock().unwrap().clone();
+                    for (uri, peer) in subs {
+                        if uri.ends_with("fx://live") {
+                            let _ = peer.notify_resource_updated(ResourceUpdatedNotificationParam::new(uri)).await;
+                        }
+                    }
+                }
+                if n2 != list {
+                    list = n2;
+                    let peers: Vec<_> = me.peers.lock().unwrap().clone();
+                    for peer in peers {
+                        let _ = peer.notify_resource_list_changed().await;
+                    }
+                }
+            }
+        });
     }
 
     fn uris(&self) -> Vec<(String, Option<&'static str>)> {
         let p = &self.opts.prefix;
         let mut v: Vec<(String, Option<&'static str>)> =
-            (0..self.opts.n).map(|i| (format!("{p}fx://doc/{i}"), Some("text/plain"))).collect();
+            (0..self.n()).map(|i| (format!("{p}fx://doc/{i}"), Some("text/plain"))).collect();
+        if self.opts.live.is_some() {
+            v.push((format!("{p}fx://live"), Some("text/plain")));
+        }
         if self.opts.specials {
             for (u, m) in [
                 ("fx://empty", None),
@@ -99,10 +163,47 @@ pub fn doc_text(i: usize, size: usize) -> String {
     s
 }
 
+#[allow(deprecated)]
 impl ServerHandler for Fixture {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_resources().build())
-            .with_server_info(Implementation::new("mcp-fixture", "0.1.0"))
+        let caps = if self.opts.subscribe {
+            ServerCapabilities::builder()
+                .enable_resources()
+                .enable_resources_subscribe()
+                .enable_resources_list_changed()
+                .build()
+        } else {
+            ServerCapabilities::builder().enable_resources().build()
+        };
+        ServerConfig::new(caps).with_server_info(Implementation::new("mcp-fixture", "0.1.0"))
+    }
+
+    async fn on_initialized(&self, cx: rmcp::service::NotificationContext<RoleServer>) {
+        self.peers.lock().unwrap().push(cx.peer);
+        self.watch();
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        if let Some(path) = &self.opts.record
+            && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+        {
+            let _ = writeln!(f, "subscribe {}", request.uri);
+        }
+        self.subs.lock().unwrap().push((request.uri, cx.peer));
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _cx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subs.lock().unwrap().retain(|(u, _)| *u != request.uri);
+        Ok(())
     }
 
     async fn list_resources(
@@ -161,8 +262,14 @@ impl ServerHandler for Fixture {
         self.record(&uri);
         let local = uri.strip_prefix(self.opts.prefix.as_str()).unwrap_or(&uri).to_owned();
         let t = |s: String| ResourceContents::text(s, uri.as_str());
-        let contents = if let Some(i) = local.strip_prefix("fx://doc/").and_then(|i| i.parse::<usize>().ok()) {
-            if i >= self.opts.n {
+        let contents = if local == "fx://live" && self.opts.live.is_some() {
+            if self.opts.fail_file.as_ref().is_some_and(|f| std::path::Path::new(f).exists()) {
+                return Err(ErrorData::internal_error("live source unavailable", None));
+            }
+            let text = self.opts.live.as_ref().and_then(|f| std::fs::read_to_string(f).ok()).unwrap_or_default();
+            vec![t(text)]
+        } else if let Some(i) = local.strip_prefix("fx://doc/").and_then(|i| i.parse::<usize>().ok()) {
+            if i >= self.n() {
                 return Err(not_found(&uri));
             }
             if self.opts.exit_on_read {
@@ -205,7 +312,12 @@ impl ServerHandler for Fixture {
                 _ => return Err(not_found(&uri)),
             }
         };
-        Ok(ReadResourceResult::new(contents).into())
+        let mut result = ReadResourceResult::new(contents);
+        if self.opts.private {
+            result = result.with_ttl_ms(60_000);
+            result.cache_scope = Some(CacheScope::Private);
+        }
+        Ok(result.into())
     }
 }
 

@@ -50,6 +50,11 @@ fn main() {
         exit_on_read: flag("--exit-on-read"),
         no_templates: flag("--no-templates"),
         dangerous: flag("--dangerous"),
+        subscribe: flag("--subscribe"),
+        live: val("--live"),
+        list_file: val("--list-file"),
+        fail_file: val("--fail-file"),
+        private: flag("--private"),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
