@@ -45,7 +45,9 @@ struct Key {
 
 struct Entry {
     contents: Arc<Contents>,
+    /// `None`: lives as long as its subscription, i.e. the connection of `epoch`.
     expires: Option<Instant>,
+    epoch: u64,
 }
 
 type Flight = Shared<BoxFuture<'static, std::result::Result<Arc<Contents>, Arc<Error>>>>;
@@ -57,7 +59,8 @@ struct State {
     /// if the generation it started with is still current.
     generation: HashMap<ResourceId, u64>,
     inflight: HashMap<ResourceId, Flight>,
-    subscribed: std::collections::HashSet<ResourceId>,
+    /// Subscribed ids, with the connection epoch the subscription lives on.
+    subscribed: HashMap<ResourceId, u64>,
 }
 
 pub(crate) struct ContentCache {
@@ -104,13 +107,12 @@ impl ContentCache {
                         let id = ResourceId::from_listing(&server, &uri);
                         invalidate(&mut s, &id);
                     }
+                    // Entries and subscriptions of the old connection are already
+                    // void by their epoch; this just frees the memory.
                     HubEvent::Restarted { server } => {
-                        let ids: Vec<ResourceId> =
-                            s.entries.keys().filter(|k| k.id.server == server).map(|k| k.id.clone()).collect();
-                        for id in ids {
-                            invalidate(&mut s, &id);
-                        }
-                        s.subscribed.retain(|id| id.server != server);
+                        let epoch = hub2.connection_epoch(&server);
+                        s.entries.retain(|k, e| k.id.server != server || e.expires.is_some() || e.epoch == epoch);
+                        s.subscribed.retain(|id, e| id.server != server || *e == epoch);
                     }
                     HubEvent::ListChanged { server } => {
                         let listed: std::collections::HashSet<String> =
@@ -151,8 +153,14 @@ impl ContentCache {
             let mut s = lock(&self.state);
             if enabled {
                 for key in [Key { id: id.clone(), user: Some(user.to_owned()) }, Key { id: id.clone(), user: None }] {
+                    // An entry without expiry lives by its subscription, which
+                    // died with the connection: then it must be read again
+                    // (which also restarts the server).
                     if let Some(e) = s.entries.get(&key)
-                        && e.expires.is_none_or(|t| t > now)
+                        && e.expires.map_or_else(
+                            || e.epoch == self.hub.connection_epoch(&id.server) && self.hub.is_connected(&id.server),
+                            |t| t > now,
+                        )
                     {
                         return Ok(CachedRead { contents: e.contents.clone(), stale: false });
                     }
@@ -209,17 +217,18 @@ impl ContentCache {
             let current = s.generation.get(&id).copied().unwrap_or(0) == generation;
             let hint_ttl = contents.ttl_ms.map(Duration::from_millis);
             let cacheable = enabled && current && hint_ttl != Some(Duration::ZERO);
-            let subscribe = cacheable && hub.supports_subscribe(&id.server) && !s.subscribed.contains(&id);
+            let epoch = hub.connection_epoch(&id.server);
+            let subscribed_now = s.subscribed.get(&id) == Some(&epoch);
+            let subscribe = cacheable && !subscribed_now && hub.supports_subscribe(&id.server);
             if cacheable {
-                let subscribed = s.subscribed.contains(&id) || subscribe;
-                let life = hint_ttl.or(if subscribed { None } else { Some(ttl) });
+                let life = hint_ttl.or(if subscribed_now || subscribe { None } else { Some(ttl) });
                 s.entries.insert(
                     Key { id: id.clone(), user: None },
-                    Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l) },
+                    Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l), epoch },
                 );
             }
             if subscribe {
-                s.subscribed.insert(id.clone());
+                s.subscribed.insert(id.clone(), epoch);
                 drop(s);
                 let hub = hub.clone();
                 let state = state.clone();

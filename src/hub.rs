@@ -20,7 +20,7 @@
 
 use std::collections::HashSet;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -177,6 +177,8 @@ struct Server {
     /// Serialises reconnection attempts and holds their backoff.
     restart: tokio::sync::Mutex<Backoff>,
     restarts: AtomicU32,
+    /// Bumped on every successful (re)connection.
+    epoch: AtomicU64,
 }
 
 /// Reconnection backoff: 250 ms after the first failure, doubling, at most 30 s.
@@ -233,6 +235,7 @@ impl Hub {
                 timings: RwLock::new((0.0, 0.0)),
                 restart: tokio::sync::Mutex::new(Backoff::default()),
                 restarts: AtomicU32::new(0),
+                epoch: AtomicU64::new(0),
             })
             .collect();
         let shared = Arc::new(Shared {
@@ -336,6 +339,19 @@ impl Hub {
     /// Notifications from servers (resource updated, list re-read).
     pub fn events(&self) -> broadcast::Receiver<HubEvent> {
         self.shared.events.subscribe()
+    }
+
+    /// Whether the server's connection is up (its process has not ended).
+    /// Entries kept alive by a subscription are only trusted while it is.
+    pub fn is_connected(&self, server: &str) -> bool {
+        self.server(server).ok().and_then(|s| read(&s.live).clone()).is_some_and(|l| !l.peer.is_transport_closed())
+    }
+
+    /// Which connection of the server is current: bumped on every
+    /// (re)connection, so state tied to a connection (subscriptions) can
+    /// tell that it is gone.
+    pub fn connection_epoch(&self, server: &str) -> u64 {
+        self.server(server).map(|s| s.epoch.load(Ordering::SeqCst)).unwrap_or(0)
     }
 
     /// Whether the server supports `resources/subscribe`.
@@ -490,6 +506,7 @@ async fn connect_one(shared: &Shared, s: &Server) -> bool {
             let live = Arc::new(live);
             *write(&s.live) = Some(live.clone());
             *write(&s.error) = None;
+            s.epoch.fetch_add(1, Ordering::SeqCst);
             let listing = list_server(&s.cfg, &live).await;
             *write(&s.listing) = Arc::new(listing);
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
