@@ -148,7 +148,7 @@ async fn stale_on_error_serves_the_last_good_content_when_allowed() {
             let e = report.excluded("fx:fx://live").unwrap();
             assert!(e.detail.as_deref().unwrap().contains("live source unavailable"), "{e:?}");
         }
-        assert_eq!(reads_of(&f.log, "fx://live"), 2);
+        assert_eq!(reads_of(&f.log, "fx://live"), 2, "serve_stale {serve_stale}: {:?} {report:?}", read_log(&f.log));
         ctx.close().await;
     }
 }

@@ -74,7 +74,7 @@ pub async fn wait_gone(tag: &str, within: Duration) -> Vec<u32> {
 pub fn fixture_server(name: &str, tag: &str, args: &[&str]) -> String {
     let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
     format!(
-        "  {name}:\n    command: {FIXTURE:?}\n    args: [{}]\n    env: {{ MCP_TEST_TAG: {tag:?} }}\n    timeout_ms: 3000\n",
+        "  {name}:\n    command: {FIXTURE:?}\n    args: [{}]\n    env: {{ MCP_TEST_TAG: {tag:?} }}\n    timeout_ms: 20000\n",
         args.join(", ")
     )
 }

@@ -51,6 +51,7 @@ pub struct Fixture {
     peers: Arc<std::sync::Mutex<Vec<rmcp::Peer<RoleServer>>>>,
     subs: Arc<std::sync::Mutex<Vec<(String, rmcp::Peer<RoleServer>)>>>,
     watching: Arc<std::sync::atomic::AtomicBool>,
+    inflight: Arc<AtomicUsize>,
 }
 
 impl Fixture {
@@ -61,6 +62,7 @@ impl Fixture {
             peers: Arc::default(),
             subs: Arc::default(),
             watching: Arc::default(),
+            inflight: Arc::default(),
         }
     }
 
@@ -141,7 +143,7 @@ impl Fixture {
         if let Some(path) = &self.opts.record
             && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
         {
-            let _ = writeln!(f, "{uri}");
+            let _ = f.write_all(format!("{uri}\n").as_bytes());
         }
     }
 }
@@ -191,7 +193,7 @@ impl ServerHandler for Fixture {
         if let Some(path) = &self.opts.record
             && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
         {
-            let _ = writeln!(f, "subscribe {}", request.uri);
+            let _ = f.write_all(format!("subscribe {}\n", request.uri).as_bytes());
         }
         self.subs.lock().unwrap().push((request.uri, cx.peer));
         Ok(())
@@ -292,6 +294,9 @@ impl ServerHandler for Fixture {
                 ],
                 "fx://fail" => return Err(ErrorData::internal_error("boom", None)),
                 "fx://slow" => {
+                    let now = self.inflight.fetch_add(1, Ordering::SeqCst) + 1;
+                    self.record(&format!("inflight {now}"));
+                    let _guard = Dec(self.inflight.clone());
                     tokio::select! {
                         _ = cx.ct.cancelled() => return Err(ErrorData::internal_error("cancelled", None)),
                         _ = tokio::time::sleep(Duration::from_millis(self.opts.slow_ms.max(1))) => {}
@@ -331,5 +336,13 @@ fn res(uri: &str, mime: Option<&str>) -> Resource {
     match mime {
         Some(m) => r.with_mime_type(m),
         None => r,
+    }
+}
+
+/// Decrements the in-flight count when a slow read ends (or is cancelled).
+struct Dec(Arc<AtomicUsize>);
+impl Drop for Dec {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }

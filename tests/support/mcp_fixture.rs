@@ -44,7 +44,7 @@ fn main() {
         specials: flag("--specials"),
         prefix: val("--prefix").unwrap_or_default(),
         record: val("--record"),
-        slow_ms: num("--slow-ms", 30_000) as u64,
+        slow_ms: num("--slow-ms", 50) as u64,
         big_bytes: num("--big-bytes", 4 << 20),
         blob_bytes: num("--blob-bytes", 0),
         exit_on_read: flag("--exit-on-read"),
