@@ -10,6 +10,7 @@
 //! as 0.5** (the middle of the spec's 0..1 range: an unannotated resource is
 //! neither promoted nor demoted), then server order in the config, then URI.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -71,6 +72,8 @@ pub struct McpContext {
     settings: ContextSettings,
     tokens: Arc<TokenCache>,
     cache: ContentCache,
+    renders: Arc<RenderMemo>,
+    compositions: Arc<CompositionMemo>,
 }
 
 impl McpContext {
@@ -94,7 +97,15 @@ impl McpContext {
         let hub = Hub::connect(config).await;
         let _ = warm.await;
         let cache = ContentCache::new(hub.clone(), config);
-        Self { hub, policy: Arc::new(policy), settings: config.context.clone(), tokens: Arc::default(), cache }
+        Self {
+            hub,
+            policy: Arc::new(policy),
+            settings: config.context.clone(),
+            tokens: Arc::default(),
+            cache,
+            renders: Arc::default(),
+            compositions: Arc::default(),
+        }
     }
 
     /// The connections.
@@ -244,9 +255,17 @@ impl McpContext {
         // 3. Render and fit the budget, off the async runtime (tokenising can be slow).
         let preamble = self.settings.preamble.clone().unwrap_or_else(|| DEFAULT_PREAMBLE.to_owned());
         let cache = self.tokens.clone();
+        let memo = self.renders.clone();
+        let compositions = self.compositions.clone();
         let packed = tokio::task::spawn_blocking(move || {
-            let items: Vec<(&Resource, &Contents)> = ready.iter().map(|(r, c)| (r, &**c)).collect();
-            compose(&tok, &cache, &preamble, budget, &items)
+            if let Some(hit) = compositions.find(&tok, &preamble, budget, &ready) {
+                return hit;
+            }
+            let key = CompositionKey::new(&tok, &preamble, budget, &ready);
+            let blocks = ready.iter().map(|(r, c)| memo.render(r, c)).collect();
+            let composed = pack_blocks(&tok, &cache, &preamble, budget, blocks);
+            compositions.put(key, composed.clone());
+            composed
         })
         .await
         .map_err(|e| Error::Other(format!("packing failed: {e}")))?;
@@ -336,6 +355,16 @@ pub fn compose(
     items: &[(&Resource, &Contents)],
 ) -> Composition {
     let blocks = items.iter().map(|(r, c)| render_block(r, c)).collect();
+    pack_blocks(tok, cache, preamble, budget, blocks)
+}
+
+fn pack_blocks(
+    tok: &Tokenizer,
+    cache: &TokenCache,
+    preamble: &str,
+    budget: usize,
+    blocks: Vec<crate::render::RenderedBlock>,
+) -> Composition {
     let packed: Packed =
         pack(tok, cache, PackInput { preamble, blocks, budget, min_useful_tokens: DEFAULT_MIN_USEFUL_TOKENS });
     Composition {
@@ -351,6 +380,128 @@ pub fn compose(
             .into_iter()
             .map(|d| Excluded { id: d.id.to_string(), reason: ExcludeReason::Budget, detail: Some(d.detail) })
             .collect(),
+    }
+}
+
+/// Rendered blocks of the current contents, so a warm request renders
+/// nothing: reused while the read result is the same `Arc` (the content
+/// cache hands out the same one until it changes) and the listing's name,
+/// title and MIME type are unchanged.
+#[derive(Default)]
+struct RenderMemo {
+    map: std::sync::Mutex<HashMap<ResourceId, MemoEntry>>,
+}
+
+struct MemoEntry {
+    contents: Arc<Contents>,
+    meta: (String, Option<String>, Option<String>),
+    block: crate::render::RenderedBlock,
+}
+
+/// Memo entries kept at most; past it the memo starts over.
+const RENDER_MEMO_LIMIT: usize = 100_000;
+
+impl RenderMemo {
+    fn render(&self, r: &Resource, contents: &Arc<Contents>) -> crate::render::RenderedBlock {
+        let meta = (r.name.clone(), r.title.clone(), r.mime_type.clone());
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = map.get(&r.id)
+            && Arc::ptr_eq(&e.contents, contents)
+            && e.meta == meta
+        {
+            return e.block.clone();
+        }
+        drop(map);
+        let block = render_block(r, contents);
+        map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= RENDER_MEMO_LIMIT {
+            map.clear();
+        }
+        map.insert(r.id.clone(), MemoEntry { contents: contents.clone(), meta, block: block.clone() });
+        block
+    }
+}
+
+/// The last few compositions, so an unchanged request (same resources,
+/// same read results, same budget) does no rendering or packing at all: the
+/// warm path of a host calling the LLM many times a minute. A hit is
+/// verified exactly (ids, the very same `Arc`s of contents, listing
+/// metadata, budget, encoding, preamble), never by hash alone, so one
+/// user's message can never be served for a different set of resources.
+#[derive(Default)]
+struct CompositionMemo {
+    entries: std::sync::Mutex<std::collections::VecDeque<(CompositionKey, Composition)>>,
+}
+
+/// Compositions remembered (each holds one message).
+const COMPOSITION_MEMO_SIZE: usize = 8;
+
+#[derive(PartialEq)]
+struct CompositionKey {
+    encoding: &'static str,
+    preamble: String,
+    budget: usize,
+    items: Vec<(ResourceId, Arc<Contents>, (String, Option<String>, Option<String>))>,
+}
+
+impl CompositionKey {
+    fn new(tok: &Tokenizer, preamble: &str, budget: usize, ready: &[(Resource, Arc<Contents>)]) -> Self {
+        Self {
+            encoding: tok.encoding(),
+            preamble: preamble.to_owned(),
+            budget,
+            items: ready
+                .iter()
+                .map(|(r, c)| (r.id.clone(), c.clone(), (r.name.clone(), r.title.clone(), r.mime_type.clone())))
+                .collect(),
+        }
+    }
+
+    fn same(&self, other: &Self) -> bool {
+        self.encoding == other.encoding
+            && self.budget == other.budget
+            && self.preamble == other.preamble
+            && self.items.len() == other.items.len()
+            && self.items.iter().zip(&other.items).all(|(a, b)| a.0 == b.0 && Arc::ptr_eq(&a.1, &b.1) && a.2 == b.2)
+    }
+}
+
+impl CompositionKey {
+    /// Whether this key describes exactly these inputs (no allocation).
+    fn matches(&self, tok: &Tokenizer, preamble: &str, budget: usize, ready: &[(Resource, Arc<Contents>)]) -> bool {
+        self.encoding == tok.encoding()
+            && self.budget == budget
+            && self.preamble == preamble
+            && self.items.len() == ready.len()
+            && self.items.iter().zip(ready).all(|(a, (r, c))| {
+                a.0 == r.id
+                    && Arc::ptr_eq(&a.1, c)
+                    && a.2.0 == r.name
+                    && a.2.1 == r.title
+                    && a.2.2 == r.mime_type
+            })
+    }
+}
+
+impl CompositionMemo {
+    fn find(
+        &self,
+        tok: &Tokenizer,
+        preamble: &str,
+        budget: usize,
+        ready: &[(Resource, Arc<Contents>)],
+    ) -> Option<Composition> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.iter().find(|(k, _)| k.matches(tok, preamble, budget, ready)).map(|(_, c)| c.clone())
+    }
+
+    fn put(&self, key: CompositionKey, composed: Composition) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|(k, _)| !k.same(&key));
+        if entries.len() >= COMPOSITION_MEMO_SIZE {
+            entries.pop_front();
+        }
+        entries.push_back((key, composed));
     }
 }
 
