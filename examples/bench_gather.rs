@@ -104,7 +104,11 @@ async fn main() {
     let mbps = corpus.len() as f64 / 1e6 / tok.as_secs_f64();
 
     let content_bytes: usize = n * size;
-    println!("workload: n={n} size={size} (every 10th a blob), message {} tokens, {} chars", message.tokens, message.content.len());
+    println!(
+        "workload: n={n} size={size} (every 10th a blob), message {} tokens, {} chars",
+        message.tokens,
+        message.content.len()
+    );
     println!("| figure | value |");
     println!("|---|---:|");
     println!("| cold gather (spawn → message) | {:.1} ms |", cold.as_secs_f64() * 1e3);

@@ -20,13 +20,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use futures::future::{BoxFuture, Shared, join_all};
+use futures::future::{BoxFuture, Shared};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::hub::{Hub, HubEvent};
 use crate::id::ResourceId;
-use crate::resource::{Contents, Resource};
+use crate::resource::Contents;
 
 /// What a read through the cache returns.
 #[derive(Debug, Clone)]
@@ -137,11 +137,6 @@ impl ContentCache {
     /// Number of cached entries.
     pub fn len(&self) -> usize {
         lock(&self.state).entries.len()
-    }
-
-    /// Reads every resource through the cache, concurrently; results in order.
-    pub async fn read_many(&self, resources: &[Resource], user: &str) -> Vec<Result<CachedRead>> {
-        join_all(resources.iter().map(|r| self.read(&r.id, user))).await
     }
 
     /// Reads one resource through the cache.

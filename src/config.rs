@@ -183,6 +183,11 @@ pub struct ContextSettings {
     /// Token cap of one `read_mcp_resource` tool result.
     #[serde(default = "default_tool_max_tokens")]
     pub tool_result_max_tokens: usize,
+    /// Longest an injection may wait for reads, in ms: a resource not read
+    /// by then is left out (reason `error`, "deadline"), so one slow server
+    /// never holds up the LLM call beyond this.
+    #[serde(default = "default_deadline_ms")]
+    pub deadline_ms: u64,
 }
 
 fn default_model() -> String {
@@ -197,6 +202,9 @@ fn default_max_resource_bytes() -> usize {
 fn default_tool_max_tokens() -> usize {
     2000
 }
+fn default_deadline_ms() -> u64 {
+    15_000
+}
 
 impl Default for ContextSettings {
     fn default() -> Self {
@@ -207,6 +215,7 @@ impl Default for ContextSettings {
             preamble: None,
             max_resource_bytes: DEFAULT_MAX_RESOURCE_BYTES,
             tool_result_max_tokens: default_tool_max_tokens(),
+            deadline_ms: default_deadline_ms(),
         }
     }
 }
@@ -218,6 +227,9 @@ pub enum Transport {
     Stdio {
         /// Program to run.
         command: String,
+        /// The program as the config wrote it, before `${VAR}` expansion:
+        /// what errors and logs show, so no expanded secret reaches them.
+        command_display: String,
         /// Its arguments.
         args: Vec<String>,
         /// Variables set for it (on top of the allowlisted host variables).
@@ -398,6 +410,7 @@ impl Config {
                     }
                     Transport::Stdio {
                         command,
+                        command_display: cmd.clone(),
                         args: s.args.iter().map(|a| expand(a, &name)).collect::<Result<_>>()?,
                         env: env_out,
                         inherit_env: s.inherit_env.clone(),

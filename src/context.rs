@@ -226,7 +226,18 @@ impl McpContext {
 
         // 2. Read what is visible, concurrently (cache first).
         let restarts_before: Vec<u32> = self.hub.status().iter().map(|s| s.restarts).collect();
-        let reads = self.cache.read_many(&selected, &req.user).await;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(self.settings.deadline_ms);
+        let reads = futures::future::join_all(selected.iter().map(|r| async {
+            match tokio::time::timeout_at(deadline, self.cache.read(&r.id, &req.user)).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::Timeout {
+                    server: r.id.server.clone(),
+                    what: format!("resources/read {} (injection deadline)", r.id.uri),
+                    after_ms: self.settings.deadline_ms,
+                }),
+            }
+        }))
+        .await;
         for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
             if s.restarts > before {
                 report.restarted_servers.push(s.name);
@@ -474,11 +485,7 @@ impl CompositionKey {
             && self.preamble == preamble
             && self.items.len() == ready.len()
             && self.items.iter().zip(ready).all(|(a, (r, c))| {
-                a.0 == r.id
-                    && Arc::ptr_eq(&a.1, c)
-                    && a.2.0 == r.name
-                    && a.2.1 == r.title
-                    && a.2.2 == r.mime_type
+                a.0 == r.id && Arc::ptr_eq(&a.1, c) && a.2.0 == r.name && a.2.1 == r.title && a.2.2 == r.mime_type
             })
     }
 }

@@ -587,7 +587,7 @@ fn group_alive(pgid: i32) -> bool {
 async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<Live, String> {
     let timeout = cfg.timeout;
     match &cfg.transport {
-        Transport::Stdio { command, args, env, inherit_env, cwd } => {
+        Transport::Stdio { command, command_display, args, env, inherit_env, cwd } => {
             let mut cmd = tokio::process::Command::new(command);
             cmd.args(args).env_clear();
             for (k, v) in std::env::vars_os() {
@@ -605,7 +605,7 @@ async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<L
             let (transport, stderr) = TokioChildProcess::builder(wrapped)
                 .stderr(Stdio::piped())
                 .spawn()
-                .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+                .map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
             let pgid = transport.id().map(|p| p as i32);
             if let Some(stderr) = stderr {
                 tokio::spawn(drain_stderr(cfg.name.clone(), stderr));

@@ -8,6 +8,7 @@ mod cache;
 mod chatbot;
 mod cli;
 mod common;
+mod faults;
 mod hub;
 mod inject;
 mod policy;

@@ -42,6 +42,8 @@ pub struct Options {
     pub fail_file: Option<String>,
     /// Read results say `cacheScope: private`, `ttlMs: 60000`.
     pub private: bool,
+    /// After initialization, send this many resources/updated and list_changed notifications.
+    pub flood: usize,
 }
 
 #[derive(Clone)]
@@ -127,6 +129,9 @@ impl Fixture {
                 ("fx://badb64", Some("application/pdf")),
                 ("fx://exit", Some("text/plain")),
                 ("fx://hostile", Some("text/plain")),
+                ("fx://garbage", Some("text/plain")),
+                ("fx://env", Some("text/plain")),
+                ("fx://bigblob", Some("application/zip")),
                 ("fx://gone", Some("text/plain")),
             ] {
                 if !self.opts.dangerous && (u == "fx://hang" || u == "fx://exit") {
@@ -181,8 +186,19 @@ impl ServerHandler for Fixture {
     }
 
     async fn on_initialized(&self, cx: rmcp::service::NotificationContext<RoleServer>) {
-        self.peers.lock().unwrap().push(cx.peer);
+        self.peers.lock().unwrap().push(cx.peer.clone());
         self.watch();
+        let flood = self.opts.flood;
+        if flood > 0 {
+            let peer = cx.peer;
+            tokio::spawn(async move {
+                for i in 0..flood {
+                    let uri = format!("fx://doc/{}", i % 3);
+                    let _ = peer.notify_resource_updated(ResourceUpdatedNotificationParam::new(uri)).await;
+                    let _ = peer.notify_resource_list_changed().await;
+                }
+            });
+        }
     }
 
     async fn subscribe(
@@ -308,6 +324,34 @@ impl ServerHandler for Fixture {
                     return Err(ErrorData::internal_error("cancelled", None));
                 }
                 "fx://big" => vec![t("big ".repeat(self.opts.big_bytes.max(4) / 4))],
+                "fx://bigblob" => vec![
+                    ResourceContents::blob("AAAA".repeat(self.opts.blob_bytes.max(3) / 3), uri.as_str())
+                        .with_mime_type("application/zip"),
+                ],
+                "fx://env" => {
+                    let mut names: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
+                    names.sort();
+                    vec![t(names.join("\n"))]
+                }
+                "fx://garbage" => {
+                    // Junk on the wire before the real answer: not JSON, a
+                    // truncated line, a response to an id never used, a
+                    // request and a notification of unknown methods.
+                    let junk = concat!(
+                        "this is not json\n",
+                        "{\"jsonrpc\":\"2.0\",\"id\":\n",
+                        "{\"jsonrpc\":\"2.0\",\"id\":987654,\"result\":{\"contents\":[]}}\n",
+                        "{\"jsonrpc\":\"2.0\",\"id\":\"zz\",\"method\":\"unknown/method\",\"params\":{}}\n",
+                        "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/unknown\"}\n",
+                    );
+                    {
+                        use std::io::Write as _;
+                        let mut out = std::io::stdout().lock();
+                        let _ = out.write_all(junk.as_bytes());
+                        let _ = out.flush();
+                    }
+                    vec![t("survived garbage".into())]
+                }
                 "fx://badb64" => vec![ResourceContents::blob("!!not base64!!", uri.as_str()).with_mime_type("application/pdf")],
                 "fx://exit" => std::process::exit(9),
                 "fx://hostile" => vec![t(

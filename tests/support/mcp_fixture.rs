@@ -55,6 +55,7 @@ fn main() {
         list_file: val("--list-file"),
         fail_file: val("--fail-file"),
         private: flag("--private"),
+        flood: num("--flood", 0),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
