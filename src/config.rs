@@ -297,6 +297,23 @@ pub struct ServerConfig {
     pub cache_ttl: Duration,
     /// Serve the last good content when a re-read fails.
     pub serve_stale: bool,
+    /// Values expanded from `${VAR}` for this server; never shown.
+    pub(crate) secrets: Vec<String>,
+}
+
+impl ServerConfig {
+    /// Removes this server's secrets (expanded `${VAR}` values, URL query
+    /// and userinfo) from a message before it is logged, reported or returned.
+    pub(crate) fn scrub(&self, message: &str) -> String {
+        let mut out = message.to_owned();
+        for s in &self.secrets {
+            out = out.replace(s.as_str(), "***");
+        }
+        if let Transport::Http { url, .. } = &self.transport {
+            out = out.replace(url.as_str(), &redact_url(url));
+        }
+        out
+    }
 }
 
 /// The whole configuration.
@@ -356,8 +373,21 @@ impl Config {
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
         let line_of = |needle: &str| find_line(src, needle);
+        // Every value that came from the environment: errors and logs about
+        // a server are scrubbed of them (see `ServerConfig::scrub`).
+        let secrets = std::cell::RefCell::new(Vec::<String>::new());
+        let recording_env = |k: &str| {
+            let v = env(k);
+            if let Some(v) = &v
+                && v.len() >= 4
+                && k != "MCP_CONTEXT_EXE"
+            {
+                secrets.borrow_mut().push(v.clone());
+            }
+            v
+        };
         let expand = |s: &str, server: &str| -> Result<String> {
-            expand_vars(s, env).map_err(|var| {
+            expand_vars(s, &recording_env).map_err(|var| {
                 err(
                     line_of(&format!("${{{var}}}")),
                     None,
@@ -455,7 +485,11 @@ impl Config {
             if reads == 0 {
                 return Err(err(at, None, format!("server `{name}`: max_concurrent_reads must be at least 1")));
             }
+            let mut server_secrets = std::mem::take(&mut *secrets.borrow_mut());
+            server_secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+            server_secrets.dedup();
             servers.push(ServerConfig {
+                secrets: server_secrets,
                 name,
                 transport,
                 timeout: Duration::from_millis(timeout_ms),

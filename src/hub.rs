@@ -431,7 +431,7 @@ impl Hub {
                     after_ms: server.cfg.timeout.as_millis() as u64,
                 });
             }
-            Ok(Err(e)) => return Err(map_service_error(e, &id.server, &what, Some(id))),
+            Ok(Err(e)) => return Err(scrub_error(&server.cfg, map_service_error(e, &id.server, &what, Some(id)))),
             Ok(Ok(r)) => r,
         };
         let mut contents = convert_contents(result.contents, self.shared.max_resource_bytes);
@@ -500,7 +500,7 @@ async fn connect_one(shared: &Shared, s: &Server) -> bool {
     let host =
         Host { server: s.cfg.name.as_str().into(), events: shared.events.clone(), relist: shared.relist_tx.clone() };
     let started = std::time::Instant::now();
-    match connect_server(&s.cfg, host).await {
+    match connect_server(&s.cfg, host).await.map_err(|e| s.cfg.scrub(&e)) {
         Ok(live) => {
             let connected = started.elapsed();
             let live = Arc::new(live);
@@ -770,7 +770,7 @@ where
                 };
             }
             Ok(Err(e)) => {
-                let e = map_service_error(e, &cfg.name, what, None);
+                let e = cfg.scrub(&map_service_error(e, &cfg.name, what, None).to_string());
                 return Pages { items, problem: Some(format!("{what} incomplete: page {page} failed: {e}")) };
             }
             Ok(Ok(x)) => x,
@@ -851,6 +851,16 @@ fn convert_contents(contents: Vec<ResourceContents>, max_bytes: usize) -> Conten
         }
     }
     out
+}
+
+fn scrub_error(cfg: &ServerConfig, e: Error) -> Error {
+    match e {
+        Error::Server { server, what, code, message } => {
+            Error::Server { server, what, code, message: cfg.scrub(&message) }
+        }
+        Error::Protocol { server, what, message } => Error::Protocol { server, what, message: cfg.scrub(&message) },
+        other => other,
+    }
 }
 
 fn map_service_error(e: ServiceError, server: &str, what: &str, id: Option<&ResourceId>) -> Error {

@@ -49,7 +49,7 @@ mod tools;
 
 pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
-pub use config::{Config, ContextSettings, MessageRole, ServerConfig, Transport};
+pub use config::{Config, ContextSettings, ENV_ALLOWLIST, MessageRole, ServerConfig, Transport};
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
 pub use hub::{Hub, HubEvent, ServerFailure, ServerStatus};

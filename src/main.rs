@@ -112,10 +112,12 @@ fn main() -> ExitCode {
 }
 
 fn init_tracing(verbose: u8) {
+    // rmcp's own logs can carry request URLs (and so query-string keys):
+    // they stay off unless asked for by name in MCP_CONTEXT_LOG.
     let default = match verbose {
         0 => "warn,rmcp=off",
-        1 => "info,rmcp=warn",
-        _ => "debug",
+        1 => "info,rmcp=off",
+        _ => "debug,rmcp=off,process_wrap=off",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MCP_CONTEXT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));

@@ -12,4 +12,5 @@ mod faults;
 mod hub;
 mod inject;
 mod policy;
+mod security;
 mod tools;

@@ -44,6 +44,8 @@ pub struct Options {
     pub private: bool,
     /// After initialization, send this many resources/updated and list_changed notifications.
     pub flood: usize,
+    /// List fx://hang (but not fx://exit).
+    pub list_hang: bool,
 }
 
 #[derive(Clone)]
@@ -116,6 +118,9 @@ impl Fixture {
         if self.opts.live.is_some() {
             v.push((format!("{p}fx://live"), Some("text/plain")));
         }
+        if self.opts.list_hang && !self.opts.specials {
+            v.push((format!("{p}fx://hang"), Some("text/plain")));
+        }
         if self.opts.specials {
             for (u, m) in [
                 ("fx://empty", None),
@@ -134,7 +139,9 @@ impl Fixture {
                 ("fx://bigblob", Some("application/zip")),
                 ("fx://gone", Some("text/plain")),
             ] {
-                if !self.opts.dangerous && (u == "fx://hang" || u == "fx://exit") {
+                if !(self.opts.dangerous || (self.opts.list_hang && u == "fx://hang"))
+                    && (u == "fx://hang" || u == "fx://exit")
+                {
                     continue;
                 }
                 v.push((format!("{p}{u}"), m));
@@ -296,7 +303,7 @@ impl ServerHandler for Fixture {
             vec![t(doc_text(i, self.opts.size))]
         } else if let Some(id) = local.strip_prefix("fx://user/") {
             vec![t(format!("user {id}"))]
-        } else if !self.opts.specials {
+        } else if !self.opts.specials && !(self.opts.list_hang && local == "fx://hang") {
             return Err(not_found(&uri));
         } else {
             match local.as_str() {

@@ -56,6 +56,7 @@ fn main() {
         fail_file: val("--fail-file"),
         private: flag("--private"),
         flood: num("--flood", 0),
+        list_hang: flag("--hang"),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
