@@ -18,7 +18,7 @@ fn text(i: usize, size: usize) -> String {
     let mut k = i;
     while s.len() < size {
         s.push_str(words[k % words.len()]);
-        s.push(if k % 13 == 0 { '\n' } else { ' ' });
+        s.push(if k.is_multiple_of(13) { '\n' } else { ' ' });
         k = k.wrapping_mul(7).wrapping_add(3);
     }
     s.truncate(size);

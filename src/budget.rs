@@ -152,7 +152,7 @@ impl Tokenizer {
 /// Keys are a 64-bit SipHash of encoding and text under a per-process random
 /// key, so a server cannot craft colliding contents; an accidental collision
 /// (about 1 in 10^9 with a full cache) would miscount one entry. Tokenising
-/// happens outside the lock. When the cache reaches [`TOKEN_CACHE_LIMIT`]
+/// happens outside the lock. When the cache reaches `TOKEN_CACHE_LIMIT`
 /// entries it is emptied: simpler than LRU, and entries are cheap to rebuild.
 pub struct TokenCache {
     map: Mutex<HashMap<u64, usize>>,

@@ -403,9 +403,12 @@ struct RenderMemo {
     map: std::sync::Mutex<HashMap<ResourceId, MemoEntry>>,
 }
 
+/// What of a listing entry the rendered block shows: name, title, MIME type.
+type ListingMeta = (String, Option<String>, Option<String>);
+
 struct MemoEntry {
     contents: Arc<Contents>,
-    meta: (String, Option<String>, Option<String>),
+    meta: ListingMeta,
     block: crate::render::RenderedBlock,
 }
 
@@ -452,7 +455,7 @@ struct CompositionKey {
     encoding: &'static str,
     preamble: String,
     budget: usize,
-    items: Vec<(ResourceId, Arc<Contents>, (String, Option<String>, Option<String>))>,
+    items: Vec<(ResourceId, Arc<Contents>, ListingMeta)>,
 }
 
 impl CompositionKey {

@@ -209,6 +209,8 @@ fn a_huge_resource_does_not_blow_up_memory() {
         ),
     )
     .unwrap();
+    // Reaped by wait4 below (which also gives its peak RSS).
+    #[allow(clippy::zombie_processes)]
     let child = std::process::Command::new(MCP_CONTEXT)
         .args([
             "--config",

@@ -40,7 +40,7 @@ async fn no_cross_user_leaks_while_resources_change() {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
-            if seed % 3 == 0 {
+            if seed.is_multiple_of(3) {
                 set.insert(d);
                 rules.push_str(&format!("      - {{ uri: \"fx://doc/{d}\" }}\n"));
             }

@@ -5,11 +5,9 @@
 //! binary, so the process figures are this test's alone.
 
 #[path = "../support/fixture.rs"]
-#[allow(dead_code)]
 mod handler;
 
 #[path = "../all/common.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::sync::Arc;
@@ -66,17 +64,17 @@ async fn soak() {
             // Baseline once caches, connections and buffers are warm.
             (fds0, rss0) = (fds(), rss_kib());
         }
-        if round % 5 == 0 {
+        if round.is_multiple_of(5) {
             std::fs::write(&live, format!("v{round}")).unwrap();
         }
-        if round % 10 == 0 {
+        if round.is_multiple_of(10) {
             for pid in tagged_processes(&t_victim) {
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             }
             kills += 1;
         }
         let mut batch = Vec::new();
-        let users = if round % 2 == 0 { 0..6 } else { 0..5 };
+        let users = if round.is_multiple_of(2) { 0..6 } else { 0..5 };
         for u in users {
             let (ctx, answered) = (ctx.clone(), answered.clone());
             issued += 1;

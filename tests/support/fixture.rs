@@ -48,12 +48,15 @@ pub struct Options {
     pub list_hang: bool,
 }
 
+/// A subscribed URI and the client to notify.
+type Subscription = (String, rmcp::Peer<RoleServer>);
+
 #[derive(Clone)]
 pub struct Fixture {
     pub opts: Arc<Options>,
     pub reads: Arc<AtomicUsize>,
     peers: Arc<std::sync::Mutex<Vec<rmcp::Peer<RoleServer>>>>,
-    subs: Arc<std::sync::Mutex<Vec<(String, rmcp::Peer<RoleServer>)>>>,
+    subs: Arc<std::sync::Mutex<Vec<Subscription>>>,
     watching: Arc<std::sync::atomic::AtomicBool>,
     inflight: Arc<AtomicUsize>,
 }
@@ -303,7 +306,7 @@ impl ServerHandler for Fixture {
             vec![t(doc_text(i, self.opts.size))]
         } else if let Some(id) = local.strip_prefix("fx://user/") {
             vec![t(format!("user {id}"))]
-        } else if !self.opts.specials && !(self.opts.list_hang && local == "fx://hang") {
+        } else if !(self.opts.specials || self.opts.list_hang && local == "fx://hang") {
             return Err(not_found(&uri));
         } else {
             match local.as_str() {

@@ -30,6 +30,8 @@ fn main() {
         }
     }
     if flag("--grandchild") {
+        // Deliberately never waited for: it must outlive us unless killed.
+        #[allow(clippy::zombie_processes)]
         let child = std::process::Command::new("sleep").arg("1000").spawn().expect("spawn sleep");
         if let Some(f) = val("--grandchild-pid-file") {
             let _ = std::fs::write(f, child.id().to_string());
