@@ -123,3 +123,31 @@ async fn a_mention_the_user_may_not_see_is_refused() {
     let first = &sent["messages"][0];
     assert!(first["name"] != "mcp_context" || !first["content"].as_str().unwrap().contains("91000"));
 }
+
+#[tokio::test]
+async fn tools_flag_runs_the_resource_tools() {
+    let t = tag();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &t);
+    let llm = FakeLlm::start(Reply::Text("The guide says: use n share.".into())).await;
+    llm.push(Reply::ToolCalls(vec![(
+        "call_1".into(),
+        "read_mcp_resource".into(),
+        r#"{"uri":"demo:demo://docs/guide"}"#.into(),
+    )]));
+    let base = llm.base.clone();
+    let (stdout, stderr) =
+        tokio::task::spawn_blocking(move || run_chat(Some(&base), &config, "how do I share?\n", &["--tools"]))
+            .await
+            .unwrap();
+    assert!(stdout.contains("The guide says: use n share."), "{stdout}");
+    assert!(stderr.contains("[tool read_mcp_resource] Read demo:demo://docs/guide."), "{stderr}");
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 2);
+    let second = reqs[1]["messages"].as_array().unwrap();
+    assert_eq!(second[0]["name"], "mcp_context", "injection stays on next to the tools");
+    let tool = second.iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(tool["tool_call_id"], "call_1");
+    assert!(tool["content"].as_str().unwrap().starts_with("# Acme Notes guide"));
+    assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty());
+}
