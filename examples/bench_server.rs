@@ -116,7 +116,7 @@ fn main() {
     if args.iter().any(|a| a == "--verbose") {
         eprintln!("[bench_server] n={n} size={size} page_size={page_size} seed={seed} build={:?}", started.elapsed());
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
     rt.block_on(async move {
         match bench.serve(rmcp::transport::stdio()).await {
             Ok(running) => {

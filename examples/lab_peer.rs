@@ -73,7 +73,7 @@ async fn main() {
         "servers": {"bench": {
             "command": parts[0], "args": &parts[1..], "timeout_ms": 60000,
             "inherit_env": ["BENCH_N", "BENCH_SIZE", "BENCH_PAGE_SIZE", "BENCH_SEED", "VIRTUAL_ENV", "PYTHONPATH"],
-            "max_concurrent_reads": 64
+            "max_concurrent_reads": 256
         }},
         "context": {"max_resource_bytes": 1u64 << 30}
     })
@@ -137,7 +137,7 @@ async fn main() {
         "total_s": total_s,
         "gather_s": gather_s,
         "shutdown_s": shutdown_s,
-        "mode": if sequential { "sequential" } else { "concurrent-64" },
+        "mode": if sequential { "sequential" } else { "concurrent-256" },
         "pages": serde_json::Value::Null,
         "protocol": protocol,
         "encoding": "o200k_base",

@@ -298,7 +298,17 @@ pub struct ServerConfig {
     /// Serve the last good content when a re-read fails.
     pub serve_stale: bool,
     /// Values expanded from `${VAR}` for this server; never shown.
-    pub(crate) secrets: Vec<String>,
+    pub(crate) secrets: Secrets,
+}
+
+/// Secret values, hidden from `Debug`.
+#[derive(Clone, Default)]
+pub(crate) struct Secrets(pub(crate) Vec<String>);
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{} hidden]", self.0.len())
+    }
 }
 
 impl ServerConfig {
@@ -306,7 +316,7 @@ impl ServerConfig {
     /// and userinfo) from a message before it is logged, reported or returned.
     pub(crate) fn scrub(&self, message: &str) -> String {
         let mut out = message.to_owned();
-        for s in &self.secrets {
+        for s in &self.secrets.0 {
             out = out.replace(s.as_str(), "***");
         }
         if let Transport::Http { url, .. } = &self.transport {
@@ -489,7 +499,7 @@ impl Config {
             server_secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
             server_secrets.dedup();
             servers.push(ServerConfig {
-                secrets: server_secrets,
+                secrets: Secrets(server_secrets),
                 name,
                 transport,
                 timeout: Duration::from_millis(timeout_ms),

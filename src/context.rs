@@ -10,7 +10,6 @@
 //! as 0.5** (the middle of the spec's 0..1 range: an unannotated resource is
 //! neither promoted nor demoted), then server order in the config, then URI.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -72,7 +71,6 @@ pub struct McpContext {
     settings: ContextSettings,
     tokens: Arc<TokenCache>,
     cache: ContentCache,
-    renders: Arc<RenderMemo>,
     compositions: Arc<CompositionMemo>,
 }
 
@@ -103,7 +101,6 @@ impl McpContext {
             settings: config.context.clone(),
             tokens: Arc::default(),
             cache,
-            renders: Arc::default(),
             compositions: Arc::default(),
         }
     }
@@ -266,28 +263,30 @@ impl McpContext {
         // 3. Render and fit the budget, off the async runtime (tokenising can be slow).
         let preamble = self.settings.preamble.clone().unwrap_or_else(|| DEFAULT_PREAMBLE.to_owned());
         let cache = self.tokens.clone();
-        let memo = self.renders.clone();
         let compositions = self.compositions.clone();
         let packed = tokio::task::spawn_blocking(move || {
             if let Some(hit) = compositions.find(&tok, &preamble, budget, &ready) {
                 return hit;
             }
             let key = CompositionKey::new(&tok, &preamble, budget, &ready);
-            let blocks = ready.iter().map(|(r, c)| memo.render(r, c)).collect();
-            let composed = pack_blocks(&tok, &cache, &preamble, budget, blocks);
+            let blocks = ready.iter().map(|(r, c)| render_block(r, c)).collect();
+            let composed = Arc::new(pack_blocks(&tok, &cache, &preamble, budget, blocks));
             compositions.put(key, composed.clone());
             composed
         })
         .await
         .map_err(|e| Error::Other(format!("packing failed: {e}")))?;
-        report.excluded.extend(packed.dropped);
-        report.included = packed.included;
+        report.excluded.extend(packed.dropped.iter().cloned());
+        report.included = packed.included.clone();
         for i in &mut report.included {
             i.stale = stale.contains(&i.id);
         }
         report.tokens = packed.tokens;
-        let message =
-            packed.content.map(|content| ContextMessage { role: self.settings.role, content, tokens: packed.tokens });
+        let message = packed.content.clone().map(|content| ContextMessage {
+            role: self.settings.role,
+            content,
+            tokens: packed.tokens,
+        });
         if message.is_none() {
             report.reason = Some(if !any_selected {
                 "no resource is visible to this user".into()
@@ -394,48 +393,6 @@ fn pack_blocks(
     }
 }
 
-/// Rendered blocks of the current contents, so a warm request renders
-/// nothing: reused while the read result is the same `Arc` (the content
-/// cache hands out the same one until it changes) and the listing's name,
-/// title and MIME type are unchanged.
-#[derive(Default)]
-struct RenderMemo {
-    map: std::sync::Mutex<HashMap<ResourceId, MemoEntry>>,
-}
-
-/// What of a listing entry the rendered block shows: name, title, MIME type.
-type ListingMeta = (String, Option<String>, Option<String>);
-
-struct MemoEntry {
-    contents: Arc<Contents>,
-    meta: ListingMeta,
-    block: crate::render::RenderedBlock,
-}
-
-/// Memo entries kept at most; past it the memo starts over.
-const RENDER_MEMO_LIMIT: usize = 100_000;
-
-impl RenderMemo {
-    fn render(&self, r: &Resource, contents: &Arc<Contents>) -> crate::render::RenderedBlock {
-        let meta = (r.name.clone(), r.title.clone(), r.mime_type.clone());
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = map.get(&r.id)
-            && Arc::ptr_eq(&e.contents, contents)
-            && e.meta == meta
-        {
-            return e.block.clone();
-        }
-        drop(map);
-        let block = render_block(r, contents);
-        map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= RENDER_MEMO_LIMIT {
-            map.clear();
-        }
-        map.insert(r.id.clone(), MemoEntry { contents: contents.clone(), meta, block: block.clone() });
-        block
-    }
-}
-
 /// The last few compositions, so an unchanged request (same resources,
 /// same read results, same budget) does no rendering or packing at all: the
 /// warm path of a host calling the LLM many times a minute. A hit is
@@ -444,11 +401,15 @@ impl RenderMemo {
 /// user's message can never be served for a different set of resources.
 #[derive(Default)]
 struct CompositionMemo {
-    entries: std::sync::Mutex<std::collections::VecDeque<(CompositionKey, Composition)>>,
+    entries: std::sync::Mutex<std::collections::VecDeque<(CompositionKey, Arc<Composition>)>>,
 }
 
-/// Compositions remembered (each holds one message).
+/// Compositions remembered (each holds one message, so at most this many
+/// budgets' worth of text).
 const COMPOSITION_MEMO_SIZE: usize = 8;
+
+/// What of a listing entry the rendered block shows: name, title, MIME type.
+type ListingMeta = (String, Option<String>, Option<String>);
 
 #[derive(PartialEq)]
 struct CompositionKey {
@@ -500,12 +461,12 @@ impl CompositionMemo {
         preamble: &str,
         budget: usize,
         ready: &[(Resource, Arc<Contents>)],
-    ) -> Option<Composition> {
+    ) -> Option<Arc<Composition>> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries.iter().find(|(k, _)| k.matches(tok, preamble, budget, ready)).map(|(_, c)| c.clone())
     }
 
-    fn put(&self, key: CompositionKey, composed: Composition) {
+    fn put(&self, key: CompositionKey, composed: Arc<Composition>) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries.retain(|(k, _)| !k.same(&key));
         if entries.len() >= COMPOSITION_MEMO_SIZE {

@@ -214,7 +214,7 @@ pub struct Hub {
 }
 
 /// Reads in flight across all servers at once.
-const GLOBAL_READS: usize = 64;
+const GLOBAL_READS: usize = 256;
 
 impl Hub {
     /// Connects to every server of `config` concurrently, each bounded by its
@@ -304,15 +304,13 @@ impl Hub {
             .collect()
     }
 
-    /// Every listed resource, sorted by server (config order) then URI.
+    /// Every listed resource, sorted by server name then URI.
     pub fn resources(&self) -> Vec<Resource> {
         let mut out = Vec::new();
         for s in &self.shared.servers {
-            let listing = read(&s.listing).clone();
-            let start = out.len();
-            out.extend(listing.resources.iter().cloned());
-            out[start..].sort_by(|a: &Resource, b: &Resource| a.id.uri.cmp(&b.id.uri));
+            out.extend(read(&s.listing).resources.iter().cloned());
         }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
         out
     }
 
