@@ -116,6 +116,18 @@ fn preview_json_is_exact_and_policy_driven() {
     assert_eq!(v["tokens"].as_u64().unwrap() as usize, bpe.encode_ordinary(content).len());
     assert!(content.contains("demo:demo://docs/guide"));
     assert!(!content.contains("payroll") && !content.contains("91000"), "denied content leaked");
+    // Priority order: guide 0.9, faq 0.8, changelog 0.6, the unlisted profile (no priority: 0.5), plants 0.1.
+    let order: Vec<&str> = v["included"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        order,
+        [
+            "demo:demo://docs/guide",
+            "demo:demo://public/faq",
+            "demo:demo://docs/changelog",
+            "demo:demo://users/alice/profile",
+            "demo:demo://notes/low-priority"
+        ]
+    );
     let excluded = v["excluded"].as_array().unwrap();
     let payroll = excluded.iter().find(|e| e["id"] == "demo:secret://payroll/2026").unwrap();
     assert_eq!(payroll["reason"], "denied");
@@ -193,4 +205,33 @@ fn a_policy_error_stops_preview() {
     assert!(out.stdout.is_empty(), "nothing is injected on a policy error");
     let err = text(&out.stderr);
     assert!(err.contains("p.yaml:3") && err.contains("ghost"), "{err}");
+}
+
+#[test]
+fn ctrl_c_closes_every_server() {
+    let t = tag();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!("servers:\n{}", fixture_server("fx", &t, &["--specials", "--dangerous", "--grandchild"])),
+    )
+    .unwrap();
+    let mut child = Command::new(MCP_CONTEXT)
+        .args(["--config", cfg.to_str().unwrap(), "read", "fx:fx://hang"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tagged_processes(&t).len() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(tagged_processes(&t).len(), 2, "server and grandchild are up");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(tagged_processes(&t).is_empty(), "left behind after Ctrl-C: {:?}", tagged_processes(&t));
 }

@@ -90,6 +90,21 @@ const CASES: &[Case] = &[
         timeout_ms: 1000,
     },
     Case {
+        name: "a response with a lone surrogate escape",
+        args: &["--specials"],
+        select: &["fx:fx://surrogate", "fx:fx://doc/1"],
+        check: |r, content| {
+            // Either dropped as malformed (then the read times out) or, if a
+            // parser accepted it, rendered without the invalid code unit.
+            match r.excluded("fx:fx://surrogate") {
+                Some(e) => assert_eq!(e.reason, ExcludeReason::Error),
+                None => assert!(content.contains("fx:fx://surrogate")),
+            }
+            assert!(r.included.iter().any(|i| i.id == "fx:fx://doc/1"));
+        },
+        timeout_ms: 1000,
+    },
+    Case {
         name: "an error for one resource",
         args: &["--specials"],
         select: &["fx:fx://fail", "fx:fx://doc/0"],

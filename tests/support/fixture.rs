@@ -140,6 +140,7 @@ impl Fixture {
                 ("fx://garbage", Some("text/plain")),
                 ("fx://env", Some("text/plain")),
                 ("fx://bigblob", Some("application/zip")),
+                ("fx://surrogate", Some("text/plain")),
                 ("fx://gone", Some("text/plain")),
             ] {
                 if !(self.opts.dangerous || (self.opts.list_hang && u == "fx://hang"))
@@ -342,6 +343,23 @@ impl ServerHandler for Fixture {
                     let mut names: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
                     names.sort();
                     vec![t(names.join("\n"))]
+                }
+                "fx://surrogate" => {
+                    // A response whose text holds a lone surrogate escape
+                    // (which no Rust string can hold), written raw; then
+                    // nothing more: the client must drop it and time out.
+                    let id = serde_json::to_string(&cx.id).unwrap_or_default();
+                    let line = format!(
+                        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"contents\":[{{\"uri\":\"{uri}\",\"text\":\"a\\ud800b\"}}]}}}}\n"
+                    );
+                    {
+                        use std::io::Write as _;
+                        let mut out = std::io::stdout().lock();
+                        let _ = out.write_all(line.as_bytes());
+                        let _ = out.flush();
+                    }
+                    cx.ct.cancelled().await;
+                    return Err(ErrorData::internal_error("cancelled", None));
                 }
                 "fx://garbage" => {
                     // Junk on the wire before the real answer: not JSON, a
