@@ -210,13 +210,8 @@ fn a_policy_error_stops_preview() {
 #[test]
 fn ctrl_c_closes_every_server() {
     let t = tag();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.yaml");
-    std::fs::write(
-        &cfg,
-        format!("servers:\n{}", fixture_server("fx", &t, &["--specials", "--dangerous", "--grandchild"])),
-    )
-    .unwrap();
+    let (_dir, cfg) =
+        temp_config(&format!("servers:\n{}", fixture_server("fx", &t, &["--specials", "--dangerous", "--grandchild"])));
     let mut child = Command::new(MCP_CONTEXT)
         .args(["--config", cfg.to_str().unwrap(), "read", "fx:fx://hang"])
         .stdout(std::process::Stdio::null())

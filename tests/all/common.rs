@@ -89,6 +89,14 @@ pub fn config(yaml: &str) -> Config {
     Config::from_yaml(yaml, Path::new("/tmp/mcp-context-test.yaml")).expect("test config is valid")
 }
 
+/// Writes a config file into a fresh temp folder (for tests that run the CLI).
+pub fn temp_config(yaml: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    (dir, path)
+}
+
 pub fn policies_dir() -> PathBuf {
     Path::new(ROOT).join("policies")
 }

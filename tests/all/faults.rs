@@ -213,17 +213,10 @@ async fn every_fault_is_contained() {
 #[test]
 fn a_huge_resource_does_not_blow_up_memory() {
     let t = tag();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "servers:\n{}    timeout_ms: 2000\n",
-            fixture_server("fx", &t, &["--specials", "--big-bytes", "100000000"])
-                .replace("    timeout_ms: 20000\n", "")
-        ),
-    )
-    .unwrap();
+    let (_dir, cfg) = temp_config(&format!(
+        "servers:\n{}    timeout_ms: 2000\n",
+        fixture_server("fx", &t, &["--specials", "--big-bytes", "100000000"]).replace("    timeout_ms: 20000\n", "")
+    ));
     // Reaped by wait4 below (which also gives its peak RSS).
     #[allow(clippy::zombie_processes)]
     let child = std::process::Command::new(MCP_CONTEXT)

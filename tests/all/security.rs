@@ -140,16 +140,10 @@ fn secrets_never_reach_logs_errors_or_reports() {
 #[test]
 fn stdio_servers_get_a_minimal_environment() {
     let t = tag();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "servers:\n{}    inherit_env: [PASS_THROUGH_ME]\n",
-            fixture_server("fx", &t, &["--specials"]).replace("env: {", "env: { FROM_CONFIG: yes,")
-        ),
-    )
-    .unwrap();
+    let (_dir, cfg) = temp_config(&format!(
+        "servers:\n{}    inherit_env: [PASS_THROUGH_ME]\n",
+        fixture_server("fx", &t, &["--specials"]).replace("env: {", "env: { FROM_CONFIG: yes,")
+    ));
     let out = Command::new(MCP_CONTEXT)
         .args(["--config", cfg.to_str().unwrap(), "read", "fx:fx://env"])
         .env("HOST_ONLY_SECRET", "x")
