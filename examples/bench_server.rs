@@ -2,11 +2,15 @@
 //!
 //! Same flags and environment variables as `lab/bench_server.py` (`--n`,
 //! `--size`, `--page-size`, `--seed`; `BENCH_*`), same URIs, texts, blobs,
-//! annotations and `offset:N` cursors, byte for byte (the generator is a
-//! port of CPython's Mersenne Twister, checked against Python in
-//! `tests/all/bench.rs`). Every page and read result is built once at
-//! start-up, so the server costs little per request: the Python server tops
-//! out near 1500 reads/s and would hide client differences.
+//! annotations and `offset:N` cursors, byte for byte (the generator is a port
+//! of CPython's Mersenne Twister, checked against Python in
+//! `tests/all/bench.rs`). The Python server tops out near 1500 reads/s and
+//! hides client differences, so this one serves **pre-serialised** responses:
+//! every list page and read result is JSON-encoded once at start-up, and a
+//! request costs one small parse and one write. It speaks newline-delimited
+//! JSON-RPC directly (initialize, ping, resources/list, resources/read,
+//! resources/templates/list) rather than through an SDK, so the server is
+//! never what a client benchmark measures.
 //!
 //! `cargo run --release --example bench_server -- --n 1000`
 
@@ -14,55 +18,9 @@
 mod workload;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::io::{BufRead, Write};
 
-use rmcp::model::*;
-use rmcp::service::RequestContext;
-use rmcp::{RoleServer, ServerHandler, ServiceExt};
-
-#[derive(Clone)]
-struct Bench {
-    pages: Arc<HashMap<Option<String>, ListResourcesResult>>,
-    reads: Arc<HashMap<String, ReadResourceResult>>,
-}
-
-impl ServerHandler for Bench {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_resources().build())
-            .with_server_info(Implementation::new("mcp-context-bench", "0.1.0"))
-    }
-
-    async fn list_resources(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        _cx: RequestContext<RoleServer>,
-    ) -> Result<ListResourcesResult, ErrorData> {
-        let cursor = request.and_then(|r| r.cursor);
-        self.pages
-            .get(&cursor)
-            .cloned()
-            .ok_or_else(|| ErrorData::invalid_params(format!("invalid cursor: {cursor:?}"), None))
-    }
-
-    async fn list_resource_templates(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        _cx: RequestContext<RoleServer>,
-    ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        Ok(ListResourceTemplatesResult::with_all_items(vec![]))
-    }
-
-    async fn read_resource(
-        &self,
-        request: ReadResourceRequestParams,
-        _cx: RequestContext<RoleServer>,
-    ) -> Result<ReadResourceResponse, ErrorData> {
-        match self.reads.get(&request.uri) {
-            Some(r) => Ok(r.clone().into()),
-            None => Err(ErrorData::resource_not_found(format!("Resource not found: {}", request.uri), None)),
-        }
-    }
-}
+use serde_json::{Value, json};
 
 fn arg(args: &[String], name: &str, env: &str, default: u64) -> u64 {
     args.iter()
@@ -74,35 +32,95 @@ fn arg(args: &[String], name: &str, env: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn build(n: usize, size: usize, page_size: usize, seed: u64) -> Bench {
+/// Pre-serialised `result` objects: list pages by cursor, reads by URI.
+struct Workload {
+    pages: HashMap<Option<String>, String>,
+    reads: HashMap<String, String>,
+}
+
+fn build(n: usize, size: usize, page_size: usize, seed: u64) -> Workload {
     let specs = workload::build(n, size, page_size, seed);
     let mut reads = HashMap::with_capacity(n);
-    let resources: Vec<Resource> = specs
+    let resources: Vec<Value> = specs
         .iter()
         .map(|s| {
-            let contents = match (&s.text, &s.blob_b64) {
-                (Some(t), _) => ResourceContents::text(t.clone(), s.uri.clone()).with_mime_type(s.mime),
-                (None, Some(b)) => ResourceContents::blob(b.clone(), s.uri.clone()).with_mime_type(s.mime),
-                (None, None) => ResourceContents::text(String::new(), s.uri.clone()),
+            let content = match (&s.text, &s.blob_b64) {
+                (Some(t), _) => json!({"uri": s.uri, "mimeType": s.mime, "text": t}),
+                (None, Some(b)) => json!({"uri": s.uri, "mimeType": s.mime, "blob": b}),
+                (None, None) => json!({"uri": s.uri, "text": ""}),
             };
-            reads.insert(s.uri.clone(), ReadResourceResult::new(vec![contents]));
-            Resource::new(s.uri.clone(), s.name.clone())
-                .with_title(s.title.clone())
-                .with_description(s.description.clone())
-                .with_mime_type(s.mime)
-                .with_size(s.size as u64)
-                .with_annotations(
-                    Annotations::default().with_audience(vec![Role::Assistant]).with_priority(s.priority as f32),
-                )
+            reads.insert(s.uri.clone(), json!({"contents": [content]}).to_string());
+            json!({
+                "uri": s.uri, "name": s.name, "title": s.title, "description": s.description,
+                "mimeType": s.mime, "size": s.size,
+                "annotations": {"audience": ["assistant"], "priority": s.priority},
+            })
         })
         .collect();
     let mut pages = HashMap::new();
     for (cursor, range, next) in workload::page_cursors(n, page_size) {
-        let mut page = ListResourcesResult::with_all_items(resources[range].to_vec());
-        page.next_cursor = next;
-        pages.insert(cursor, page);
+        let mut page = json!({"resources": &resources[range]});
+        if let Some(next) = next {
+            page["nextCursor"] = json!(next);
+        }
+        pages.insert(cursor, page.to_string());
     }
-    Bench { pages: Arc::new(pages), reads: Arc::new(reads) }
+    Workload { pages, reads }
+}
+
+fn respond(out: &mut impl Write, id: &Value, result: &str) -> std::io::Result<()> {
+    writeln!(out, "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{result}}}")
+}
+
+fn error(out: &mut impl Write, id: &Value, code: i32, message: &str) -> std::io::Result<()> {
+    let e = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+    writeln!(out, "{e}")
+}
+
+fn serve(w: &Workload) -> std::io::Result<()> {
+    let stdin = std::io::stdin().lock();
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    for line in stdin.lines() {
+        let line = line?;
+        let Ok(msg) = serde_json::from_str::<Value>(&line) else { continue };
+        let Some(id) = msg.get("id") else { continue }; // a notification
+        let params = &msg["params"];
+        match msg["method"].as_str().unwrap_or("") {
+            "initialize" => {
+                let asked = params["protocolVersion"].as_str().unwrap_or("2025-11-25");
+                let version = if ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"].contains(&asked) {
+                    asked
+                } else {
+                    "2025-11-25"
+                };
+                let result = json!({
+                    "protocolVersion": version,
+                    "capabilities": {"resources": {}},
+                    "serverInfo": {"name": "mcp-context-bench", "version": "0.1.0"},
+                });
+                respond(&mut out, id, &result.to_string())?;
+            }
+            "ping" => respond(&mut out, id, "{}")?,
+            "resources/list" => {
+                let cursor = params["cursor"].as_str().map(str::to_owned);
+                match w.pages.get(&cursor) {
+                    Some(page) => respond(&mut out, id, page)?,
+                    None => error(&mut out, id, -32602, &format!("invalid cursor: {cursor:?}"))?,
+                }
+            }
+            "resources/templates/list" => respond(&mut out, id, "{\"resourceTemplates\":[]}")?,
+            "resources/read" => {
+                let uri = params["uri"].as_str().unwrap_or("");
+                match w.reads.get(uri) {
+                    Some(result) => respond(&mut out, id, result)?,
+                    None => error(&mut out, id, -32002, &format!("Resource not found: {uri}"))?,
+                }
+            }
+            other => error(&mut out, id, -32601, &format!("method not found: {other}"))?,
+        }
+        out.flush()?;
+    }
+    Ok(())
 }
 
 fn main() {
@@ -112,17 +130,13 @@ fn main() {
     let page_size = arg(&args, "--page-size", "BENCH_PAGE_SIZE", workload::DEFAULT_PAGE_SIZE as u64).max(1) as usize;
     let seed = arg(&args, "--seed", "BENCH_SEED", workload::DEFAULT_SEED);
     let started = std::time::Instant::now();
-    let bench = build(n, size, page_size, seed);
+    let w = build(n, size, page_size, seed);
     if args.iter().any(|a| a == "--verbose") {
         eprintln!("[bench_server] n={n} size={size} page_size={page_size} seed={seed} build={:?}", started.elapsed());
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
-    rt.block_on(async move {
-        match bench.serve(rmcp::transport::stdio()).await {
-            Ok(running) => {
-                let _ = running.waiting().await;
-            }
-            Err(e) => eprintln!("bench_server: {e}"),
-        }
-    });
+    if let Err(e) = serve(&w)
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        eprintln!("bench_server: {e}");
+    }
 }
