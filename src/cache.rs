@@ -36,11 +36,22 @@ pub(crate) struct CachedRead {
     pub stale: bool,
 }
 
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
-struct Key {
-    id: ResourceId,
-    /// `Some(user)` for `private` entries.
-    user: Option<String>,
+/// The cached answers for one resource: the shared one, and `private`
+/// ones per user (looked up by `&str`, so a warm hit allocates nothing).
+#[derive(Default)]
+struct Slot {
+    shared: Option<Entry>,
+    private: HashMap<String, Entry>,
+}
+
+impl Slot {
+    fn for_user(&self, user: &str) -> Option<&Entry> {
+        self.private.get(user).or(self.shared.as_ref())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.shared.is_none() && self.private.is_empty()
+    }
 }
 
 struct Entry {
@@ -54,11 +65,13 @@ type Flight = Shared<BoxFuture<'static, std::result::Result<Arc<Contents>, Arc<E
 
 #[derive(Default)]
 struct State {
-    entries: HashMap<Key, Entry>,
+    entries: HashMap<ResourceId, Slot>,
     /// Bumped on every invalidation of an id; a read only stores its result
     /// if the generation it started with is still current.
     generation: HashMap<ResourceId, u64>,
-    inflight: HashMap<ResourceId, Flight>,
+    /// Reads in flight, with the user who started each: a `private` answer
+    /// is that user's only, and other waiters read again for themselves.
+    inflight: HashMap<ResourceId, (Flight, String)>,
     /// Subscribed ids, with the connection epoch the subscription lives on.
     subscribed: HashMap<ResourceId, u64>,
 }
@@ -111,7 +124,12 @@ impl ContentCache {
                     // void by their epoch; this just frees the memory.
                     HubEvent::Restarted { server } => {
                         let epoch = hub2.connection_epoch(&server);
-                        s.entries.retain(|k, e| k.id.server != server || e.expires.is_some() || e.epoch == epoch);
+                        let keep = |e: &Entry| e.expires.is_some() || e.epoch == epoch;
+                        for (_, slot) in s.entries.iter_mut().filter(|(id, _)| id.server == server) {
+                            slot.shared = slot.shared.take().filter(keep);
+                            slot.private.retain(|_, e| keep(e));
+                        }
+                        s.entries.retain(|_, slot| !slot.is_empty());
                         s.subscribed.retain(|id, e| id.server != server || *e == epoch);
                     }
                     HubEvent::ListChanged { server } => {
@@ -120,8 +138,8 @@ impl ContentCache {
                         let gone: Vec<ResourceId> = s
                             .entries
                             .keys()
-                            .filter(|k| k.id.server == server && !listed.contains(&k.id.uri))
-                            .map(|k| k.id.clone())
+                            .filter(|id| id.server == server && !listed.contains(&id.uri))
+                            .cloned()
                             .collect();
                         for id in gone {
                             invalidate(&mut s, &id);
@@ -134,9 +152,9 @@ impl ContentCache {
         Self { hub, state, settings, task: Some(task) }
     }
 
-    /// Number of cached entries.
+    /// Number of cached entries (shared and private).
     pub fn len(&self) -> usize {
-        lock(&self.state).entries.len()
+        lock(&self.state).entries.values().map(|s| usize::from(s.shared.is_some()) + s.private.len()).sum()
     }
 
     /// Reads one resource through the cache.
@@ -144,55 +162,45 @@ impl ContentCache {
         let (enabled, ttl, serve_stale) =
             self.settings.get(&id.server).copied().unwrap_or((false, Duration::ZERO, false));
         let now = Instant::now();
-        let (flight, stale_candidate) = {
+        let live = |e: &Entry| {
+            // An entry without expiry lives by its subscription, which died
+            // with the connection: then it must be read again (which also
+            // restarts the server).
+            e.expires.map_or_else(
+                || e.epoch == self.hub.connection_epoch(&id.server) && self.hub.is_connected(&id.server),
+                |t| t > now,
+            )
+        };
+        let (flight, initiator, stale_candidate) = {
             let mut s = lock(&self.state);
-            if enabled {
-                for key in [Key { id: id.clone(), user: Some(user.to_owned()) }, Key { id: id.clone(), user: None }] {
-                    // An entry without expiry lives by its subscription, which
-                    // died with the connection: then it must be read again
-                    // (which also restarts the server).
-                    if let Some(e) = s.entries.get(&key)
-                        && e.expires.map_or_else(
-                            || e.epoch == self.hub.connection_epoch(&id.server) && self.hub.is_connected(&id.server),
-                            |t| t > now,
-                        )
-                    {
-                        return Ok(CachedRead { contents: e.contents.clone(), stale: false });
-                    }
-                }
+            let slot = s.entries.get(id);
+            if enabled && let Some(e) = slot.and_then(|slot| slot.for_user(user)).filter(|e| live(e)) {
+                return Ok(CachedRead { contents: e.contents.clone(), stale: false });
             }
-            let stale = if serve_stale {
-                s.entries
-                    .get(&Key { id: id.clone(), user: Some(user.to_owned()) })
-                    .or_else(|| s.entries.get(&Key { id: id.clone(), user: None }))
-                    .map(|e| e.contents.clone())
-            } else {
-                None
-            };
-            let flight = match s.inflight.get(id) {
-                Some(f) => f.clone(),
+            let stale =
+                if serve_stale { slot.and_then(|slot| slot.for_user(user)).map(|e| e.contents.clone()) } else { None };
+            let (flight, initiator) = match s.inflight.get(id) {
+                Some((f, who)) => (f.clone(), who.clone()),
                 None => {
-                    let f = self.start_read(&mut s, id.clone(), enabled, ttl);
-                    s.inflight.insert(id.clone(), f.clone());
-                    f
+                    let f = self.start_read(&mut s, id.clone(), user.to_owned(), enabled, ttl);
+                    s.inflight.insert(id.clone(), (f.clone(), user.to_owned()));
+                    (f, user.to_owned())
                 }
             };
-            (flight, stale)
+            (flight, initiator, stale)
         };
         match flight.await {
-            Ok(c) => {
-                // A private answer is the requesting user's only; single-flight
-                // sharing is safe because every caller passed the policy for
-                // this id, but a private entry is stored per user (start_read
-                // stores it under no user; fix up here).
-                if c.private && enabled {
-                    let mut s = lock(&self.state);
-                    if let Some(e) = s.entries.remove(&Key { id: id.clone(), user: None }) {
-                        s.entries.insert(Key { id: id.clone(), user: Some(user.to_owned()) }, e);
-                    }
-                }
-                Ok(CachedRead { contents: c, stale: false })
-            }
+            // A private answer is its initiator's only: anyone else who
+            // joined the flight reads for themselves (not cached for them
+            // here; their next request caches its own).
+            Ok(c) if c.private && initiator != user => match self.hub.read(id).await {
+                Ok(own) => Ok(CachedRead { contents: Arc::new(own), stale: false }),
+                Err(e) => match stale_candidate {
+                    Some(contents) => Ok(CachedRead { contents, stale: true }),
+                    None => Err(e),
+                },
+            },
+            Ok(c) => Ok(CachedRead { contents: c, stale: false }),
             Err(e) => match stale_candidate {
                 Some(contents) => Ok(CachedRead { contents, stale: true }),
                 None => Err(e.duplicate()),
@@ -200,7 +208,7 @@ impl ContentCache {
         }
     }
 
-    fn start_read(&self, s: &mut State, id: ResourceId, enabled: bool, ttl: Duration) -> Flight {
+    fn start_read(&self, s: &mut State, id: ResourceId, user: String, enabled: bool, ttl: Duration) -> Flight {
         let generation = s.generation.get(&id).copied().unwrap_or(0);
         let hub = self.hub.clone();
         let state = self.state.clone();
@@ -217,10 +225,13 @@ impl ContentCache {
             let subscribe = cacheable && !subscribed_now && hub.supports_subscribe(&id.server);
             if cacheable {
                 let life = hint_ttl.or(if subscribed_now || subscribe { None } else { Some(ttl) });
-                s.entries.insert(
-                    Key { id: id.clone(), user: None },
-                    Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l), epoch },
-                );
+                let entry = Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l), epoch };
+                let slot = s.entries.entry(id.clone()).or_default();
+                if contents.private {
+                    slot.private.insert(user, entry);
+                } else {
+                    slot.shared = Some(entry);
+                }
             }
             if subscribe {
                 s.subscribed.insert(id.clone(), epoch);
@@ -244,7 +255,7 @@ impl ContentCache {
 }
 
 fn invalidate(s: &mut State, id: &ResourceId) {
-    s.entries.retain(|k, _| &k.id != id);
+    s.entries.remove(id);
     *s.generation.entry(id.clone()).or_default() += 1;
 }
 

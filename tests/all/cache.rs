@@ -229,3 +229,35 @@ async fn private_entries_are_never_served_to_another_user() {
     assert_eq!(reads_of(&f.log, "fx://doc/0"), 2, "ben never gets ann's private entry");
     ctx.close().await;
 }
+
+#[tokio::test]
+async fn a_shared_read_with_a_private_answer_is_not_handed_to_another_user() {
+    let t = tag();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("reads.log");
+    let yaml = format!(
+        "servers:\n{}",
+        fixture_server(
+            "fx",
+            &t,
+            &["--n", "0", "--specials", "--private", "--slow-ms", "300", "--record", log.to_str().unwrap()]
+        )
+    );
+    let ctx = Arc::new(McpContext::from_config(&config(&yaml)).await.unwrap());
+    let slow = vec![mcp_context::ResourceId::parse("fx:fx://slow").unwrap()];
+    let tasks: Vec<_> = ["ann", "ann", "ben"]
+        .into_iter()
+        .map(|user| {
+            let ctx = ctx.clone();
+            let req = ContextRequest { user: user.into(), selection: Some(slow.clone()), ..Default::default() };
+            tokio::spawn(async move { ctx.build(&req).await.unwrap().1.included.len() })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), 1);
+    }
+    // ann's two requests share one read; ben, joining a read whose answer
+    // turned out private, reads for himself.
+    assert_eq!(reads_of(&log, "fx://slow"), 2, "{:?}", read_log(&log));
+    ctx.close().await;
+}
