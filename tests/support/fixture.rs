@@ -29,7 +29,8 @@ pub struct Options {
     pub blob_bytes: usize,
     pub exit_on_read: bool,
     pub no_templates: bool,
-    /// List fx://hang and fx://exit too (a read of fx://exit kills the server).
+    /// List fx://hang, fx://exit and fx://surrogate too (a read of fx://exit
+    /// kills the server; the other two never answer properly).
     pub dangerous: bool,
     /// Advertise and implement resources/subscribe and list_changed.
     pub subscribe: bool,
@@ -143,9 +144,8 @@ impl Fixture {
                 ("fx://surrogate", Some("text/plain")),
                 ("fx://gone", Some("text/plain")),
             ] {
-                if !(self.opts.dangerous || (self.opts.list_hang && u == "fx://hang"))
-                    && (u == "fx://hang" || u == "fx://exit")
-                {
+                let risky = matches!(u, "fx://hang" | "fx://exit" | "fx://surrogate");
+                if risky && !(self.opts.dangerous || (self.opts.list_hang && u == "fx://hang")) {
                     continue;
                 }
                 v.push((format!("{p}{u}"), m));
