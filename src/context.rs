@@ -223,18 +223,7 @@ impl McpContext {
 
         // 2. Read what is visible, concurrently (cache first).
         let restarts_before: Vec<u32> = self.hub.status().iter().map(|s| s.restarts).collect();
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(self.settings.deadline_ms);
-        let reads = futures::future::join_all(selected.iter().map(|r| async {
-            match tokio::time::timeout_at(deadline, self.cache.read(&r.id, &req.user)).await {
-                Ok(result) => result,
-                Err(_) => Err(Error::Timeout {
-                    server: r.id.server.clone(),
-                    what: format!("resources/read {} (injection deadline)", r.id.uri),
-                    after_ms: self.settings.deadline_ms,
-                }),
-            }
-        }))
-        .await;
+        let reads = self.read_within_deadline(&selected, &req.user).await;
         for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
             if s.restarts > before {
                 report.restarted_servers.push(s.name);
@@ -305,6 +294,45 @@ impl McpContext {
         };
         report.trace();
         Ok((message, report))
+    }
+
+    /// Reads every selected resource through the cache, concurrently, with
+    /// one timer for the whole injection (`deadline_ms`): what is not read by
+    /// then is a timeout error for that resource; finished reads are kept.
+    async fn read_within_deadline(&self, selected: &[Resource], user: &str) -> Vec<Result<crate::cache::CachedRead>> {
+        use futures::StreamExt;
+        let mut results: Vec<Option<Result<crate::cache::CachedRead>>> =
+            self.cache.hits(selected.iter().map(|r| &r.id), user).into_iter().map(|h| h.map(Ok)).collect();
+        let mut pending: futures::stream::FuturesUnordered<_> = selected
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| results[*i].is_none())
+            .map(|(i, r)| async move { (i, self.cache.read(&r.id, user).await) })
+            .collect();
+        let deadline = tokio::time::sleep(std::time::Duration::from_millis(self.settings.deadline_ms));
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                next = pending.next() => match next {
+                    Some((i, r)) => results[i] = Some(r),
+                    None => break,
+                },
+                _ = &mut deadline => break,
+            }
+        }
+        results
+            .into_iter()
+            .zip(selected)
+            .map(|(r, res)| {
+                r.unwrap_or_else(|| {
+                    Err(Error::Timeout {
+                        server: res.id.server.clone(),
+                        what: format!("resources/read {} (injection deadline)", res.id.uri),
+                        after_ms: self.settings.deadline_ms,
+                    })
+                })
+            })
+            .collect()
     }
 
     /// Builds the context for `user` and prepends it to `request` (replacing
