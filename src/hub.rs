@@ -31,13 +31,14 @@ use rmcp::model::{
     ReadResourceRequestParams, ResourceContents, ResourceUpdatedNotificationParam,
 };
 use rmcp::service::{NotificationContext, Peer, RunningService, ServiceError};
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use tokio::sync::{Semaphore, broadcast};
 
 use crate::config::{Config, ENV_ALLOWLIST, ServerConfig, Transport, redact_url};
 use crate::error::{Error, Result};
 use crate::id::ResourceId;
+use crate::pipe::ChildPipe;
 use crate::resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
 
 /// Most pages we follow in one listing before calling it incomplete.
@@ -419,17 +420,17 @@ impl Hub {
         let live = self.live(server).await?;
         let _global = self.shared.reads.acquire().await.map_err(|_| closed(server, id))?;
         let _local = server.reads.acquire().await.map_err(|_| closed(server, id))?;
-        let what = format!("resources/read {}", id.uri);
         let call = live.peer.read_resource(ReadResourceRequestParams::new(id.uri.clone()));
+        let what = || format!("resources/read {}", id.uri);
         let result = match tokio::time::timeout(server.cfg.timeout, call).await {
             Err(_) => {
                 return Err(Error::Timeout {
                     server: id.server.clone(),
-                    what,
+                    what: what(),
                     after_ms: server.cfg.timeout.as_millis() as u64,
                 });
             }
-            Ok(Err(e)) => return Err(scrub_error(&server.cfg, map_service_error(e, &id.server, &what, Some(id)))),
+            Ok(Err(e)) => return Err(scrub_error(&server.cfg, map_service_error(e, &id.server, &what(), Some(id)))),
             Ok(Ok(r)) => r,
         };
         let mut contents = convert_contents(result.contents, self.shared.max_resource_bytes);
@@ -600,15 +601,14 @@ async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<L
             }
             let mut wrapped = CommandWrap::from(cmd);
             wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
-            let (transport, stderr) = TokioChildProcess::builder(wrapped)
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
-            let pgid = transport.id().map(|p| p as i32);
-            if let Some(stderr) = stderr {
+            wrapped.command_mut().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let mut child = wrapped.spawn().map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
+            let pgid = child.id().map(|p| p as i32);
+            let guard = GroupGuard(pgid);
+            if let Some(stderr) = child.stderr().take() {
                 tokio::spawn(drain_stderr(cfg.name.clone(), stderr));
             }
-            let guard = GroupGuard(pgid);
+            let transport = ChildPipe::new(child).map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
             let service = match tokio::time::timeout(timeout, host.serve(transport)).await {
                 Err(_) => return Err(format!("no answer to initialize within {} ms", timeout.as_millis())),
                 Ok(Err(e)) => return Err(format!("initialize failed: {e}")),

@@ -41,6 +41,7 @@ mod error;
 mod hub;
 mod id;
 mod inject;
+mod pipe;
 mod policy;
 mod render;
 mod report;

@@ -1,0 +1,409 @@
+//! The stdio transport under rmcp's client service: newline-delimited
+//! JSON-RPC over a child's stdin/stdout.
+//!
+//! rmcp keeps the lifecycle (handshake, request ids, responders,
+//! notifications); this module only moves bytes, for two measured reasons
+//! (BENCHMARKS.md, "read path"):
+//! - rmcp's `TokioChildProcess` writes and flushes every message on its own,
+//!   so 1000 concurrent reads cost 1000 `write(2)` calls and as many wake-ups
+//!   of the server. Here `send` serialises the message and queues it; one
+//!   writer task writes whatever is queued in a single call.
+//! - rmcp decodes every incoming line through its untagged message enums,
+//!   which buffer the whole message and try variant after variant (about
+//!   7.6 µs for a 2 KB `resources/read` answer). Here the answer to a request
+//!   we sent as `resources/read` is decoded straight into its result type;
+//!   every other line still goes through rmcp's own decoder, so notifications,
+//!   errors and server requests behave exactly as before.
+//!
+//! Lines longer than [`MAX_LINE`] are dropped (the request they answer then
+//! times out, as with rmcp), unparsable lines are ignored, and a blank line,
+//! a trailing `\r` and a UTF-8 byte-order mark are tolerated.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use process_wrap::tokio::ChildWrapper;
+use rmcp::RoleClient;
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientRequest, JsonRpcError, JsonRpcMessage, JsonRpcResponse, JsonRpcVersion2_0,
+    ReadResourceResult, RequestId, ResourceContents, ServerJsonRpcMessage, ServerResult,
+};
+use rmcp::transport::Transport;
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{ChildStdin, ChildStdout};
+use tokio::sync::mpsc;
+
+/// Longest line accepted from a server (the same cap as rmcp's).
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+/// Most bytes gathered into one write.
+const MAX_BATCH: usize = 1 << 20;
+
+/// A spawned server's pipes, as an rmcp [`Transport`].
+pub struct ChildPipe {
+    child: Option<Box<dyn ChildWrapper>>,
+    stdout: BufReader<ChildStdout>,
+    line: Vec<u8>,
+    max_line: usize,
+    /// Dropping the line being read because it is over [`MAX_LINE`].
+    discarding: bool,
+    queue: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    writer: Option<tokio::task::JoinHandle<()>>,
+    /// Ids of our `resources/read` requests still waiting for an answer.
+    reads: Arc<Mutex<HashSet<RequestId>>>,
+}
+
+impl ChildPipe {
+    /// Takes the child's stdin and stdout (both must be piped).
+    pub fn new(mut child: Box<dyn ChildWrapper>) -> std::io::Result<ChildPipe> {
+        let missing = |what| std::io::Error::other(format!("the child's {what} is not piped"));
+        let stdin = child.inner_mut().stdin().take().ok_or_else(|| missing("stdin"))?;
+        let stdout = child.inner_mut().stdout().take().ok_or_else(|| missing("stdout"))?;
+        let (queue, rx) = mpsc::unbounded_channel();
+        Ok(ChildPipe {
+            child: Some(child),
+            stdout: BufReader::with_capacity(64 * 1024, stdout),
+            line: Vec::new(),
+            max_line: MAX_LINE,
+            discarding: false,
+            queue: Some(queue),
+            writer: Some(tokio::spawn(write_loop(stdin, rx))),
+            reads: Arc::default(),
+        })
+    }
+
+    /// Reads one line into `self.line`, never holding more than [`MAX_LINE`]
+    /// bytes. Cancel-safe: a partial line stays in `self.line` for the next
+    /// call (rmcp polls `receive` inside a `select!`).
+    async fn read_line(&mut self) -> std::io::Result<Option<()>> {
+        loop {
+            let available = self.stdout.fill_buf().await?;
+            if available.is_empty() {
+                return Ok(None);
+            }
+            let (take, done) = match memchr::memchr(b'\n', available) {
+                Some(i) => (i + 1, true),
+                None => (available.len(), false),
+            };
+            if !self.discarding {
+                if self.line.len() + take > self.max_line {
+                    tracing::warn!(max = self.max_line, "a server sent a line over the limit; dropped");
+                    self.line.clear();
+                    self.discarding = true;
+                } else {
+                    self.line.extend_from_slice(&available[..take]);
+                }
+            }
+            self.stdout.consume(take);
+            if done {
+                if std::mem::take(&mut self.discarding) {
+                    continue;
+                }
+                return Ok(Some(()));
+            }
+        }
+    }
+
+    fn decode(&self, line: &[u8]) -> Option<ServerJsonRpcMessage> {
+        let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+        if let Some(msg) = self.decode_read_answer(line) {
+            return Some(msg);
+        }
+        match serde_json::from_slice::<ServerJsonRpcMessage>(line) {
+            Ok(msg) => {
+                if let JsonRpcMessage::Response(JsonRpcResponse { id, .. })
+                | JsonRpcMessage::Error(JsonRpcError { id: Some(id), .. }) = &msg
+                {
+                    self.reads.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+                }
+                Some(msg)
+            }
+            Err(e) => {
+                tracing::debug!("ignoring a line the server sent that is not an MCP message: {e}");
+                None
+            }
+        }
+    }
+
+    /// The fast path: an answer to one of our `resources/read` requests,
+    /// decoded without rmcp's untagged enums. `None` sends the line down the
+    /// general path (anything unusual: an error, a stray `method`, a result
+    /// that does not have the shape of a read result).
+    fn decode_read_answer(&self, line: &[u8]) -> Option<ServerJsonRpcMessage> {
+        #[derive(Deserialize)]
+        struct Envelope<'a> {
+            jsonrpc: Option<&'a str>,
+            id: Option<RequestId>,
+            #[serde(borrow)]
+            result: Option<&'a serde_json::value::RawValue>,
+            error: Option<serde::de::IgnoredAny>,
+            method: Option<serde::de::IgnoredAny>,
+        }
+        let env: Envelope = serde_json::from_slice(line).ok()?;
+        let (Some("2.0"), Some(id), Some(result), None, None) =
+            (env.jsonrpc, env.id, env.result, env.error, env.method)
+        else {
+            return None;
+        };
+        if !self.reads.lock().unwrap_or_else(|e| e.into_inner()).contains(&id) {
+            return None;
+        }
+        let result = decode_read_result(result.get())?;
+        self.reads.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        Some(JsonRpcMessage::Response(JsonRpcResponse {
+            jsonrpc: JsonRpcVersion2_0,
+            id,
+            result: ServerResult::ReadResourceResult(result),
+        }))
+    }
+}
+
+/// Decodes a `resources/read` result the common way: contents that are each
+/// plainly text or plainly a blob, and no other field. Anything else (cache
+/// hints, `_meta`, `resultType`, an odd part) is decoded by rmcp's own
+/// `ReadResourceResult`, so the outcome is the same as rmcp's, only cheaper
+/// for the usual case (rmcp's untagged `ResourceContents` buffers every part).
+fn decode_read_result(raw: &str) -> Option<ReadResourceResult> {
+    type Raw<'a> = Option<&'a serde_json::value::RawValue>;
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Plain<'a> {
+        contents: Vec<Part<'a>>,
+        #[serde(borrow)]
+        ttl_ms: Raw<'a>,
+        #[serde(borrow)]
+        cache_scope: Raw<'a>,
+        #[serde(borrow)]
+        result_type: Raw<'a>,
+        #[serde(rename = "_meta", borrow)]
+        meta: Raw<'a>,
+    }
+    #[derive(Deserialize)]
+    struct Part<'a> {
+        uri: String,
+        #[serde(rename = "mimeType")]
+        mime_type: Option<String>,
+        text: Option<String>,
+        blob: Option<String>,
+        #[serde(rename = "_meta", borrow)]
+        meta: Raw<'a>,
+    }
+    let full = || serde_json::from_str::<ReadResourceResult>(raw).ok();
+    let Ok(plain) = serde_json::from_str::<Plain>(raw) else { return full() };
+    if plain.ttl_ms.is_some() || plain.cache_scope.is_some() || plain.result_type.is_some() || plain.meta.is_some() {
+        return full();
+    }
+    let mut contents = Vec::with_capacity(plain.contents.len());
+    for p in plain.contents {
+        contents.push(match (p.text, p.blob, p.meta) {
+            (Some(text), None, None) => {
+                ResourceContents::TextResourceContents { uri: p.uri, mime_type: p.mime_type, text, meta: None }
+            }
+            (None, Some(blob), None) => {
+                ResourceContents::BlobResourceContents { uri: p.uri, mime_type: p.mime_type, blob, meta: None }
+            }
+            _ => return full(),
+        });
+    }
+    let mut result = ReadResourceResult::new(contents);
+    result.result_type = None; // as absent on the wire
+    Some(result)
+}
+
+/// Writes queued messages, as many as are waiting in one call. Ends when the
+/// queue closes (then stdin is dropped, which the server sees as EOF) or
+/// when the server stops reading.
+async fn write_loop(mut stdin: ChildStdin, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+    while let Some(mut batch) = rx.recv().await {
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(more) => batch.extend_from_slice(&more),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = stdin.write_all(&batch).await {
+            tracing::debug!("the server stopped reading its stdin: {e}");
+            break;
+        }
+    }
+}
+
+impl Transport<RoleClient> for ChildPipe {
+    type Error = std::io::Error;
+
+    /// Queues the message; it is written by the writer task. A write that
+    /// fails after this returned shows up as the server's stdout closing.
+    fn send(&mut self, item: ClientJsonRpcMessage) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
+        let read_id = match &item {
+            JsonRpcMessage::Request(r) if matches!(r.request, ClientRequest::ReadResourceRequest(_)) => {
+                Some(r.id.clone())
+            }
+            _ => None,
+        };
+        let result = serde_json::to_vec(&item).map_err(std::io::Error::other).and_then(|mut bytes| {
+            bytes.push(b'\n');
+            if let Some(id) = read_id {
+                self.reads.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
+            }
+            let closed = || std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the server's stdin is closed");
+            self.queue.as_ref().ok_or_else(closed)?.send(bytes).map_err(|_| closed())
+        });
+        std::future::ready(result)
+    }
+
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        loop {
+            match self.read_line().await {
+                Ok(Some(())) => {}
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::debug!("reading the server's stdout failed: {e}");
+                    return None;
+                }
+            }
+            let line = std::mem::take(&mut self.line);
+            let trimmed = line.strip_suffix(b"\n").unwrap_or(&line);
+            let trimmed = trimmed.strip_suffix(b"\r").unwrap_or(trimmed);
+            let msg = if trimmed.iter().all(u8::is_ascii_whitespace) { None } else { self.decode(trimmed) };
+            self.line = line;
+            self.line.clear();
+            if let Some(msg) = msg {
+                return Some(msg);
+            }
+        }
+    }
+
+    /// Closes stdin once everything queued is written, then waits for the
+    /// process to exit. Callers bound the wait and escalate to signals
+    /// (see `hub::shutdown`).
+    async fn close(&mut self) -> std::io::Result<()> {
+        drop(self.queue.take());
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.await;
+        }
+        if let Some(child) = self.child.as_mut() {
+            child.wait().await?;
+            self.child = None;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use process_wrap::tokio::{CommandWrap, KillOnDrop};
+    use rmcp::model::{ClientRequest, ReadResourceRequest, ReadResourceRequestParams, ServerNotification};
+
+    fn rmcp_decode(raw: &str) -> Option<ReadResourceResult> {
+        serde_json::from_str(raw).ok()
+    }
+
+    #[test]
+    fn fast_decoding_agrees_with_rmcp() {
+        let cases = [
+            r#"{"contents":[{"uri":"a://1","mimeType":"text/plain","text":"line\nline \"q\" \u00e9 \ud83d\ude00"}]}"#,
+            r#"{"contents":[{"uri":"a://1","mimeType":"image/png","blob":"AAEC"}]}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"},{"uri":"a://1#2","blob":"AA=="},{"uri":"a://1#3","text":""}]}"#,
+            r#"{"contents":[]}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"ttlMs":5000}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"ttlMs":-3}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"cacheScope":"private"}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"cacheScope":""}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"resultType":"complete"}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"_meta":{"k":1}}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x","_meta":{"k":1}}]}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x","blob":"AA=="}]}"#,
+            r#"{"contents":[{"uri":"a://1"}]}"#,
+            r#"{"contents":[{"text":"no uri"}]}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"ttlMs":null,"unknown":[1,2]}"#,
+            r#"{"contents":"not a list"}"#,
+            r#"{"resources":[]}"#,
+        ];
+        for raw in cases {
+            assert_eq!(decode_read_result(raw), rmcp_decode(raw), "for {raw}");
+        }
+    }
+
+    /// A real child process printing scripted lines; the pipe must frame
+    /// them the way rmcp's transport does.
+    fn scripted(lines: &str) -> ChildPipe {
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c").arg(format!("cat >/dev/null & printf '{lines}'; wait"));
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        let mut wrapped = CommandWrap::from(cmd);
+        wrapped.wrap(KillOnDrop);
+        ChildPipe::new(wrapped.spawn().expect("sh")).expect("pipes")
+    }
+
+    fn read_request(id: i64, uri: &str) -> ClientJsonRpcMessage {
+        JsonRpcMessage::request(
+            ClientRequest::ReadResourceRequest(ReadResourceRequest::new(ReadResourceRequestParams::new(uri))),
+            RequestId::Number(id),
+        )
+    }
+
+    #[tokio::test]
+    async fn frames_lines_like_rmcp_and_skips_what_is_not_a_message() {
+        let long = "x".repeat(300);
+        let script = [
+            "\\357\\273\\277{\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/list_changed\"}\\n".to_owned(),
+            "\\n   \\n".to_owned(),
+            "not json at all\\n".to_owned(),
+            format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{{\"contents\":[{{\"uri\":\"{long}\",\"text\":\"t\"}}]}}}}\\n"),
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"contents\":[{\"uri\":\"a://1\",\"text\":\"one\"}]}}\\r\\n".to_owned(),
+            "{\"jsonrpc\":\"2.0\",\"id\":2,\"error\":{\"code\":-32002,\"message\":\"nope\"}}\\n".to_owned(),
+            "{\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"contents\":[{\"uri\":\"a://3\",\"text\":\"three\"}],\"ttlMs\":7}}".to_owned(),
+        ]
+        .concat();
+        let mut pipe = scripted(&script);
+        pipe.max_line = 200;
+        for id in 1..=3 {
+            pipe.send(read_request(id, "a://x")).await.expect("queued");
+        }
+        let notification = pipe.receive().await.expect("BOM-prefixed notification");
+        assert!(matches!(
+            notification,
+            JsonRpcMessage::Notification(n) if matches!(n.notification, ServerNotification::ResourceListChangedNotification(_))
+        ));
+        // Blank lines, junk and the over-long answer (id 9) are skipped.
+        let JsonRpcMessage::Response(one) = pipe.receive().await.expect("answer 1") else { panic!("not a response") };
+        assert_eq!(one.id, RequestId::Number(1));
+        let ServerResult::ReadResourceResult(r) = one.result else { panic!("not a read result") };
+        assert!(matches!(&r.contents[0], ResourceContents::TextResourceContents { text, .. } if text == "one"));
+        let JsonRpcMessage::Error(two) = pipe.receive().await.expect("error 2") else { panic!("not an error") };
+        assert_eq!(two.id, Some(RequestId::Number(2)));
+        // The last line has no newline; EOF ends it as rmcp would not deliver it either.
+        assert!(pipe.receive().await.is_none());
+        assert!(pipe.reads.lock().unwrap().contains(&RequestId::Number(3)));
+        assert!(!pipe.reads.lock().unwrap().contains(&RequestId::Number(1)), "answered ids are forgotten");
+        pipe.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn queued_writes_all_arrive_in_order_and_close_ends_the_child() {
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c").arg("cat");
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        let mut wrapped = CommandWrap::from(cmd);
+        wrapped.wrap(KillOnDrop);
+        let mut pipe = ChildPipe::new(wrapped.spawn().expect("sh")).expect("pipes");
+        let n = 2000;
+        for id in 0..n {
+            pipe.send(read_request(id, &format!("a://{id}"))).await.expect("queued");
+        }
+        // `cat` echoes our requests back; rmcp's decoder reads them as requests (rmcp's own shape rules).
+        for id in 0..n {
+            match pipe.receive().await.expect("echo") {
+                JsonRpcMessage::Request(r) => assert_eq!(r.id, RequestId::Number(id)),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(5), pipe.close())
+            .await
+            .expect("cat exits on EOF")
+            .expect("close");
+        assert!(pipe.send(read_request(0, "a://0")).await.is_err(), "a closed pipe refuses to send");
+    }
+}
