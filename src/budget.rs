@@ -46,7 +46,8 @@ use tiktoken_rs::tokenizer::{Tokenizer as Encoding, get_tokenizer};
 use tiktoken_rs::{CoreBPE, Rank};
 
 use crate::id::{ResourceId, quote};
-use crate::render::{CLOSE_TAG, RenderedBlock};
+use crate::render::{CLOSE_TAG, RenderedBlock, render_head_into, render_len_hint};
+use crate::resource::{Contents, Resource};
 
 /// Fewest body tokens worth sending as a truncated block: a shorter excerpt
 /// is mostly marker and rarely helps the model.
@@ -296,6 +297,67 @@ pub fn pack(tok: &Tokenizer, cache: &TokenCache, input: PackInput<'_>) -> Packed
         // the limit shrinks every time, and at 0 nothing is included.
         limit = limit.saturating_sub(exact - input.budget);
     }
+}
+
+/// [`pack`] for the case where everything fits, without a copy per block:
+/// each block is rendered straight into the message, so with a budget that
+/// takes everything the message is the only rendered copy of the contents
+/// (peak memory: contents + message, not contents + blocks + message).
+///
+/// Returns exactly what `pack` would return for the same blocks, or, when
+/// something does not fit (or the encoding is not additive, or a block is
+/// not well formed), the rendered blocks for `pack` to do the general work.
+pub fn pack_in_place(
+    tok: &Tokenizer,
+    cache: &TokenCache,
+    preamble: &str,
+    budget: usize,
+    items: &[(&Resource, &Contents)],
+) -> std::result::Result<Packed, Vec<RenderedBlock>> {
+    let mut buf = String::with_capacity(
+        preamble.len() + items.iter().map(|(_, c)| render_len_hint(c) + CLOSE_TAG.len() + 2).sum::<usize>(),
+    );
+    buf.push_str(preamble);
+    let mut spans = Vec::with_capacity(items.len());
+    for (r, c) in items {
+        buf.push_str("\n\n");
+        let start = buf.len();
+        render_head_into(&mut buf, r, c);
+        spans.push((start, buf.len()));
+        buf.push_str(CLOSE_TAG);
+    }
+    let blocks = |buf: &str, spans: &[(usize, usize)]| {
+        spans
+            .iter()
+            .zip(items)
+            .map(|(&(a, b), (r, _))| RenderedBlock { id: r.id.clone(), head: buf[a..b].to_owned(), tail: CLOSE_TAG })
+            .collect::<Vec<_>>()
+    };
+    if items.is_empty() || !tok.is_additive() {
+        return Err(blocks(&buf, &spans));
+    }
+    let pre = cache.count(tok, &format!("{preamble}\n\n"));
+    let close = cache.count(tok, CLOSE_TAG);
+    let sep = cache.count(tok, &format!("{CLOSE_TAG}\n\n"));
+    let mut used = pre + close + sep * (items.len() - 1);
+    let mut included = Vec::with_capacity(items.len());
+    for (i, (&(a, b), (r, _))) in spans.iter().zip(items).enumerate() {
+        let head = &buf[a..b];
+        if !head.starts_with('<') {
+            return Err(blocks(&buf, &spans));
+        }
+        let head_tokens = cache.count(tok, head);
+        used += head_tokens;
+        if used > budget {
+            return Err(blocks(&buf, &spans));
+        }
+        let (open, body) = split_head(head);
+        let total = body_tokens(tok, cache, true, open, body, head_tokens);
+        let tokens = head_tokens + if i + 1 == items.len() { close } else { sep };
+        included.push(PackedItem { id: r.id.clone(), tokens, truncated: false, kept: total, total });
+    }
+    debug_assert_eq!(used, tok.count(&buf), "additive count is not exact");
+    Ok(Packed { content: Some(buf), tokens: used, included, dropped: Vec::new() })
 }
 
 /// The shape additive counting needs (see the module docs).
@@ -699,8 +761,26 @@ mod tests {
 
     fn check_pack(t: Tokenizer, res: &[(Resource, Contents)], budget: usize, min: usize) -> Result<(), TestCaseError> {
         let blocks: Vec<RenderedBlock> = res.iter().map(|(r, c)| render_block(r, c)).collect();
-        let input = PackInput { preamble: DEFAULT_PREAMBLE, blocks, budget, min_useful_tokens: min };
+        let items: Vec<(&Resource, &Contents)> = res.iter().map(|(r, c)| (r, c)).collect();
+        let in_place = pack_in_place(&t, &CACHE, DEFAULT_PREAMBLE, budget, &items);
+        let input = PackInput { preamble: DEFAULT_PREAMBLE, blocks: blocks.clone(), budget, min_useful_tokens: min };
         let packed = pack(&t, &CACHE, input);
+        // The in-place path agrees with the general one, or hands over the same blocks.
+        match in_place {
+            Ok(p) => prop_assert_eq!(&p, &packed),
+            Err(b) => {
+                prop_assert_eq!(
+                    b.iter().map(|b| (&b.id, &b.head)).collect::<Vec<_>>(),
+                    blocks.iter().map(|b| (&b.id, &b.head)).collect::<Vec<_>>()
+                );
+                if t.is_additive() && !res.is_empty() {
+                    prop_assert!(
+                        packed.included.len() < res.len() || packed.included.iter().any(|i| i.truncated),
+                        "in place declined a pack where everything fits"
+                    );
+                }
+            }
+        }
         prop_assert!(packed.tokens <= budget);
         let n = packed.included.len();
         match &packed.content {

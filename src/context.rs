@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use async_openai::types::chat::CreateChatCompletionRequest;
 
-use crate::budget::{DEFAULT_MIN_USEFUL_TOKENS, PackInput, Packed, TokenCache, Tokenizer, pack};
+use crate::budget::{DEFAULT_MIN_USEFUL_TOKENS, PackInput, Packed, TokenCache, Tokenizer, pack, pack_in_place};
 use crate::cache::ContentCache;
 use crate::config::{Config, ContextSettings, MessageRole};
 use crate::error::{Error, Result};
@@ -23,7 +23,7 @@ use crate::hub::Hub;
 use crate::id::ResourceId;
 use crate::inject::inject_message;
 use crate::policy::{Policy, UserPolicy};
-use crate::render::{DEFAULT_PREAMBLE, render_block};
+use crate::render::DEFAULT_PREAMBLE;
 use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
 use crate::resource::{Contents, Resource};
 
@@ -57,8 +57,10 @@ impl ContextRequest {
 pub struct ContextMessage {
     /// `system` or `developer`.
     pub role: MessageRole,
-    /// The text.
-    pub content: String,
+    /// The text, shared with the engine's memo of recent compositions: an
+    /// unchanged request hands out the same message without copying it (a
+    /// message with everything in it is as large as all the contents).
+    pub content: Arc<String>,
     /// Its exact token count.
     pub tokens: usize,
 }
@@ -72,6 +74,8 @@ pub struct McpContext {
     tokens: Arc<TokenCache>,
     cache: ContentCache,
     compositions: Arc<CompositionMemo>,
+    selections: SelectionMemo,
+    tokenizers: std::sync::Mutex<std::collections::HashMap<String, (Tokenizer, Option<String>)>>,
 }
 
 impl McpContext {
@@ -102,6 +106,8 @@ impl McpContext {
             tokens: Arc::default(),
             cache,
             compositions: Arc::default(),
+            selections: SelectionMemo::default(),
+            tokenizers: std::sync::Mutex::default(),
         }
     }
 
@@ -137,14 +143,14 @@ impl McpContext {
     /// see, in listing order. Nothing is read.
     pub fn visible_resources(&self, user: &str) -> Vec<Resource> {
         let up = self.policy.for_user(user);
-        self.candidates(&up).into_iter().filter(|r| up.decide(r).allowed).collect()
+        self.candidates(&up).into_iter().filter(|r| up.decide(r).allowed).map(Arc::unwrap_or_clone).collect()
     }
 
-    fn candidates(&self, up: &UserPolicy) -> Vec<Resource> {
-        let mut all = self.hub.resources();
+    fn candidates(&self, up: &UserPolicy) -> Vec<Arc<Resource>> {
+        let mut all = self.hub.resources_shared();
         for inc in up.includes() {
             if !all.iter().any(|r| &r.id == inc) {
-                all.push(self.hub.resource(inc).unwrap_or_else(|| Resource::unlisted(inc.clone())));
+                all.push(Arc::new(self.hub.resource(inc).unwrap_or_else(|| Resource::unlisted(inc.clone()))));
             }
         }
         all
@@ -156,10 +162,7 @@ impl McpContext {
         let started = Instant::now();
         let up = self.policy.for_user(&req.user);
         let model = req.model.clone().unwrap_or_else(|| self.settings.model.clone());
-        let m = model.clone();
-        let (tok, warning) = tokio::task::spawn_blocking(move || Tokenizer::for_model(&m))
-            .await
-            .map_err(|e| Error::Other(format!("tokenizer failed to load: {e}")))?;
+        let (tok, warning) = self.tokenizer(&model).await?;
         let ceiling = req.budget.unwrap_or(self.settings.max_tokens);
         let budget = up.max_tokens().map_or(ceiling, |b| b.min(ceiling));
         let mut report = Report {
@@ -173,57 +176,21 @@ impl McpContext {
             ..Report::default()
         };
 
-        // 1. Who may see what: decided before anything is read.
-        let mut candidates = self.candidates(&up);
-        if let Some(sel) = &req.selection {
-            let mut chosen = Vec::new();
-            for id in sel {
-                if chosen.iter().any(|r: &Resource| &r.id == id) {
-                    continue;
-                }
-                match candidates.iter().find(|r| &r.id == id) {
-                    Some(r) => chosen.push(r.clone()),
-                    None if self.hub.server_index(&id.server).is_some() => chosen.push(Resource::unlisted(id.clone())),
-                    None => report.excluded.push(Excluded {
-                        id: id.to_string(),
-                        reason: ExcludeReason::Error,
-                        detail: Some(format!("unknown server `{}`", id.server)),
-                    }),
-                }
-            }
-            candidates = chosen;
-        }
-        let mut selected = Vec::new();
-        for r in candidates {
-            let d = up.decide(&r);
-            if !d.allowed {
-                report.excluded.push(Excluded {
-                    id: r.id.to_string(),
-                    reason: ExcludeReason::Denied,
-                    detail: Some(d.detail()),
-                });
-            } else if r.is_user_only() {
-                report.excluded.push(Excluded {
-                    id: r.id.to_string(),
-                    reason: ExcludeReason::Audience,
-                    detail: Some("annotations.audience is [user]: meant for the human, not the model".into()),
-                });
-            } else {
-                selected.push(r);
-            }
-        }
-        let order = |r: &Resource| self.hub.server_index(&r.id.server).unwrap_or(usize::MAX);
-        selected.sort_by(|a, b| {
-            let pa = a.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
-            let pb = b.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
-            pb.total_cmp(&pa).then(order(a).cmp(&order(b))).then_with(|| a.id.uri.cmp(&b.id.uri))
-        });
+        // 1. Who may see what: decided before anything is read. Without a
+        // selection the answer depends only on the user and the listings, so
+        // it is remembered until a listing changes.
+        let selection = match &req.selection {
+            None => self.selections.get_or(&req.user, self.hub.listing_generation(), || self.select(&up, None)),
+            Some(wanted) => Arc::new(self.select(&up, Some(wanted))),
+        };
+        report.excluded.extend(selection.excluded.iter().cloned());
+        let selected = &selection.resources;
         let t_select = started.elapsed();
         let any_selected = !selected.is_empty();
 
         // 2. Read what is visible, concurrently (cache first).
         let restarts_before: Vec<u32> = self.hub.status().iter().map(|s| s.restarts).collect();
-        let reads = self.read_within_deadline(&selected, &req.user).await;
+        let reads = self.read_within_deadline(selected, &req.user).await;
         for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
             if s.restarts > before {
                 report.restarted_servers.push(s.name);
@@ -232,13 +199,13 @@ impl McpContext {
         let t_read = started.elapsed();
         let mut ready = Vec::with_capacity(selected.len());
         let mut stale = std::collections::HashSet::new();
-        for (r, got) in selected.into_iter().zip(reads) {
+        for (i, (r, got)) in selected.iter().zip(reads).enumerate() {
             match got {
                 Ok(c) => {
                     if c.stale {
                         stale.insert(r.id.to_string());
                     }
-                    ready.push((r, c.contents));
+                    ready.push((i, c.contents));
                 }
                 Err(e) => report.excluded.push(Excluded {
                     id: r.id.to_string(),
@@ -250,21 +217,28 @@ impl McpContext {
         let any_read = !ready.is_empty();
 
         // 3. Render and fit the budget, off the async runtime (tokenising can be slow).
-        let preamble = self.settings.preamble.clone().unwrap_or_else(|| DEFAULT_PREAMBLE.to_owned());
-        let cache = self.tokens.clone();
-        let compositions = self.compositions.clone();
-        let packed = tokio::task::spawn_blocking(move || {
-            if let Some(hit) = compositions.find(&tok, &preamble, budget, &ready) {
-                return hit;
+        let preamble = self.settings.preamble.as_deref().unwrap_or(DEFAULT_PREAMBLE);
+        let packed = match self.compositions.find(&tok, preamble, budget, &selection, &ready) {
+            Some(hit) => hit,
+            None => {
+                let preamble = preamble.to_owned();
+                let cache = self.tokens.clone();
+                let compositions = self.compositions.clone();
+                let selection = selection.clone();
+                tokio::task::spawn_blocking(move || {
+                    let items: Vec<(&Resource, &Contents)> =
+                        ready.iter().map(|(i, c)| (&*selection.resources[*i], &**c)).collect();
+                    let composed = Arc::new(Composed::from(pack_items(&tok, &cache, &preamble, budget, &items)));
+                    compositions.put(
+                        CompositionKey { encoding: tok.encoding(), preamble, budget, selection, ready },
+                        composed.clone(),
+                    );
+                    composed
+                })
+                .await
+                .map_err(|e| Error::Other(format!("packing failed: {e}")))?
             }
-            let key = CompositionKey::new(&tok, &preamble, budget, &ready);
-            let blocks = ready.iter().map(|(r, c)| render_block(r, c)).collect();
-            let composed = Arc::new(pack_blocks(&tok, &cache, &preamble, budget, blocks));
-            compositions.put(key, composed.clone());
-            composed
-        })
-        .await
-        .map_err(|e| Error::Other(format!("packing failed: {e}")))?;
+        };
         report.excluded.extend(packed.dropped.iter().cloned());
         report.included = packed.included.clone();
         for i in &mut report.included {
@@ -296,10 +270,80 @@ impl McpContext {
         Ok((message, report))
     }
 
+    /// The tokenizer for a model, loaded off the runtime the first time.
+    async fn tokenizer(&self, model: &str) -> Result<(Tokenizer, Option<String>)> {
+        if let Some(t) = self.tokenizers.lock().unwrap_or_else(|p| p.into_inner()).get(model) {
+            return Ok(t.clone());
+        }
+        let m = model.to_owned();
+        let t = tokio::task::spawn_blocking(move || Tokenizer::for_model(&m))
+            .await
+            .map_err(|e| Error::Other(format!("tokenizer failed to load: {e}")))?;
+        self.tokenizers.lock().unwrap_or_else(|p| p.into_inner()).insert(model.to_owned(), t.clone());
+        Ok(t)
+    }
+
+    /// The resources this user may see (or the `wanted` ones of them), in
+    /// injection order, and what was left out and why.
+    fn select(&self, up: &UserPolicy, wanted: Option<&[ResourceId]>) -> Selection {
+        let mut excluded = Vec::new();
+        let mut candidates = self.candidates(up);
+        if let Some(sel) = wanted {
+            let mut chosen = Vec::new();
+            for id in sel {
+                if chosen.iter().any(|r: &Arc<Resource>| &r.id == id) {
+                    continue;
+                }
+                match candidates.iter().find(|r| &r.id == id) {
+                    Some(r) => chosen.push(r.clone()),
+                    None if self.hub.server_index(&id.server).is_some() => {
+                        chosen.push(Arc::new(Resource::unlisted(id.clone())))
+                    }
+                    None => excluded.push(Excluded {
+                        id: id.to_string(),
+                        reason: ExcludeReason::Error,
+                        detail: Some(format!("unknown server `{}`", id.server)),
+                    }),
+                }
+            }
+            candidates = chosen;
+        }
+        let mut selected = Vec::new();
+        for r in candidates {
+            let d = up.decide(&r);
+            if !d.allowed {
+                excluded.push(Excluded {
+                    id: r.id.to_string(),
+                    reason: ExcludeReason::Denied,
+                    detail: Some(d.detail()),
+                });
+            } else if r.is_user_only() {
+                excluded.push(Excluded {
+                    id: r.id.to_string(),
+                    reason: ExcludeReason::Audience,
+                    detail: Some("annotations.audience is [user]: meant for the human, not the model".into()),
+                });
+            } else {
+                selected.push(r);
+            }
+        }
+        let order = |r: &Arc<Resource>| self.hub.server_index(&r.id.server).unwrap_or(usize::MAX);
+        selected.sort_by(|a, b| {
+            let pa = a.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
+            let pb = b.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
+            pb.total_cmp(&pa).then(order(a).cmp(&order(b))).then_with(|| a.id.uri.cmp(&b.id.uri))
+        });
+        Selection { resources: selected, excluded }
+    }
+
     /// Reads every selected resource through the cache, concurrently, with
     /// one timer for the whole injection (`deadline_ms`): what is not read by
     /// then is a timeout error for that resource; finished reads are kept.
-    async fn read_within_deadline(&self, selected: &[Resource], user: &str) -> Vec<Result<crate::cache::CachedRead>> {
+    async fn read_within_deadline(
+        &self,
+        selected: &[Arc<Resource>],
+        user: &str,
+    ) -> Vec<Result<crate::cache::CachedRead>> {
         use futures::StreamExt;
         let mut results: Vec<Option<Result<crate::cache::CachedRead>>> =
             self.cache.hits(selected.iter().map(|r| &r.id), user).into_iter().map(|h| h.map(Ok)).collect();
@@ -392,19 +436,22 @@ pub fn compose(
     budget: usize,
     items: &[(&Resource, &Contents)],
 ) -> Composition {
-    let blocks = items.iter().map(|(r, c)| render_block(r, c)).collect();
-    pack_blocks(tok, cache, preamble, budget, blocks)
+    pack_items(tok, cache, preamble, budget, items)
 }
 
-fn pack_blocks(
+fn pack_items(
     tok: &Tokenizer,
     cache: &TokenCache,
     preamble: &str,
     budget: usize,
-    blocks: Vec<crate::render::RenderedBlock>,
+    items: &[(&Resource, &Contents)],
 ) -> Composition {
-    let packed: Packed =
-        pack(tok, cache, PackInput { preamble, blocks, budget, min_useful_tokens: DEFAULT_MIN_USEFUL_TOKENS });
+    let packed: Packed = match pack_in_place(tok, cache, preamble, budget, items) {
+        Ok(packed) => packed,
+        Err(blocks) => {
+            pack(tok, cache, PackInput { preamble, blocks, budget, min_useful_tokens: DEFAULT_MIN_USEFUL_TOKENS })
+        }
+    };
     Composition {
         content: packed.content,
         tokens: packed.tokens,
@@ -429,55 +476,94 @@ fn pack_blocks(
 /// user's message can never be served for a different set of resources.
 #[derive(Default)]
 struct CompositionMemo {
-    entries: std::sync::Mutex<std::collections::VecDeque<(CompositionKey, Arc<Composition>)>>,
+    entries: std::sync::Mutex<std::collections::VecDeque<(CompositionKey, Arc<Composed>)>>,
 }
 
 /// Compositions remembered (each holds one message, so at most this many
 /// budgets' worth of text).
 const COMPOSITION_MEMO_SIZE: usize = 8;
 
-/// What of a listing entry the rendered block shows: name, title, MIME type.
-type ListingMeta = (String, Option<String>, Option<String>);
+/// A [`Composition`] as the memo keeps it: the message shared.
+struct Composed {
+    content: Option<Arc<String>>,
+    tokens: usize,
+    included: Vec<Included>,
+    dropped: Vec<Excluded>,
+}
 
-#[derive(PartialEq)]
+impl From<Composition> for Composed {
+    fn from(c: Composition) -> Self {
+        Self { content: c.content.map(Arc::new), tokens: c.tokens, included: c.included, dropped: c.dropped }
+    }
+}
+
+/// Who may see what, for one user and one generation of the listings.
+struct Selection {
+    /// In injection order.
+    resources: Vec<Arc<Resource>>,
+    excluded: Vec<Excluded>,
+}
+
+/// The last selection of each user (at most [`SELECTION_MEMO_USERS`]),
+/// valid while the hub's listing generation is unchanged; a policy never
+/// changes under a running `McpContext`.
+#[derive(Default)]
+struct SelectionMemo {
+    entries: std::sync::Mutex<std::collections::HashMap<String, (u64, Arc<Selection>)>>,
+}
+
+/// Users whose selection is remembered; past this the memo starts over.
+const SELECTION_MEMO_USERS: usize = 64;
+
+impl SelectionMemo {
+    fn get_or(&self, user: &str, generation: u64, make: impl FnOnce() -> Selection) -> Arc<Selection> {
+        if let Some((g, sel)) = self.entries.lock().unwrap_or_else(|p| p.into_inner()).get(user)
+            && *g == generation
+        {
+            return sel.clone();
+        }
+        let sel = Arc::new(make());
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.len() >= SELECTION_MEMO_USERS && !entries.contains_key(user) {
+            entries.clear();
+        }
+        entries.insert(user.to_owned(), (generation, sel.clone()));
+        sel
+    }
+}
+
 struct CompositionKey {
     encoding: &'static str,
     preamble: String,
     budget: usize,
-    items: Vec<(ResourceId, Arc<Contents>, ListingMeta)>,
+    selection: Arc<Selection>,
+    /// Index into `selection.resources`, and what was read for it.
+    ready: Vec<(usize, Arc<Contents>)>,
 }
 
 impl CompositionKey {
-    fn new(tok: &Tokenizer, preamble: &str, budget: usize, ready: &[(Resource, Arc<Contents>)]) -> Self {
-        Self {
-            encoding: tok.encoding(),
-            preamble: preamble.to_owned(),
-            budget,
-            items: ready
-                .iter()
-                .map(|(r, c)| (r.id.clone(), c.clone(), (r.name.clone(), r.title.clone(), r.mime_type.clone())))
-                .collect(),
-        }
-    }
-
-    fn same(&self, other: &Self) -> bool {
-        self.encoding == other.encoding
-            && self.budget == other.budget
-            && self.preamble == other.preamble
-            && self.items.len() == other.items.len()
-            && self.items.iter().zip(&other.items).all(|(a, b)| a.0 == b.0 && Arc::ptr_eq(&a.1, &b.1) && a.2 == b.2)
-    }
-}
-
-impl CompositionKey {
-    /// Whether this key describes exactly these inputs (no allocation).
-    fn matches(&self, tok: &Tokenizer, preamble: &str, budget: usize, ready: &[(Resource, Arc<Contents>)]) -> bool {
-        self.encoding == tok.encoding()
+    /// Whether this key describes exactly these inputs: the very same
+    /// contents (`Arc` identity) for resources with the same id and the same
+    /// listing metadata the block shows (name, title, MIME type).
+    fn matches(
+        &self,
+        encoding: &str,
+        preamble: &str,
+        budget: usize,
+        selection: &Arc<Selection>,
+        ready: &[(usize, Arc<Contents>)],
+    ) -> bool {
+        let same_listing = Arc::ptr_eq(&self.selection, selection);
+        self.encoding == encoding
             && self.budget == budget
             && self.preamble == preamble
-            && self.items.len() == ready.len()
-            && self.items.iter().zip(ready).all(|(a, (r, c))| {
-                a.0 == r.id && Arc::ptr_eq(&a.1, c) && a.2.0 == r.name && a.2.1 == r.title && a.2.2 == r.mime_type
+            && self.ready.len() == ready.len()
+            && self.ready.iter().zip(ready).all(|((ia, ca), (ib, cb))| {
+                Arc::ptr_eq(ca, cb)
+                    && (same_listing && ia == ib || {
+                        let (a, b) = (&self.selection.resources[*ia], &selection.resources[*ib]);
+                        a.id == b.id && a.name == b.name && a.title == b.title && a.mime_type == b.mime_type
+                    })
             })
     }
 }
@@ -488,15 +574,19 @@ impl CompositionMemo {
         tok: &Tokenizer,
         preamble: &str,
         budget: usize,
-        ready: &[(Resource, Arc<Contents>)],
-    ) -> Option<Arc<Composition>> {
+        selection: &Arc<Selection>,
+        ready: &[(usize, Arc<Contents>)],
+    ) -> Option<Arc<Composed>> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.iter().find(|(k, _)| k.matches(tok, preamble, budget, ready)).map(|(_, c)| c.clone())
+        entries
+            .iter()
+            .find(|(k, _)| k.matches(tok.encoding(), preamble, budget, selection, ready))
+            .map(|(_, c)| c.clone())
     }
 
-    fn put(&self, key: CompositionKey, composed: Arc<Composition>) {
+    fn put(&self, key: CompositionKey, composed: Arc<Composed>) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|(k, _)| !k.same(&key));
+        entries.retain(|(k, _)| !k.matches(key.encoding, &key.preamble, key.budget, &key.selection, &key.ready));
         if entries.len() >= COMPOSITION_MEMO_SIZE {
             entries.pop_front();
         }

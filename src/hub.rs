@@ -161,7 +161,8 @@ impl Drop for Live {
 
 #[derive(Default)]
 struct Listing {
-    resources: Vec<Resource>,
+    /// Shared so that selections hold pointers, not copies.
+    resources: Vec<Arc<Resource>>,
     templates: Vec<ResourceTemplate>,
     complete: bool,
     problem: Option<String>,
@@ -205,6 +206,8 @@ struct Shared {
     relist_task: StdMutex<Option<tokio::task::JoinHandle<()>>>,
     relist_tx: tokio::sync::mpsc::UnboundedSender<Arc<str>>,
     closed: AtomicBool,
+    /// Bumped whenever any server's listing is replaced.
+    generation: AtomicU64,
 }
 
 /// Connections to every configured server. Cheap to clone; all clones share
@@ -247,6 +250,7 @@ impl Hub {
             relist_task: StdMutex::new(None),
             relist_tx,
             closed: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
         });
         join_all(shared.servers.iter().map(|s| async {
             if !connect_one(&shared, s).await {
@@ -309,21 +313,40 @@ impl Hub {
     pub fn resources(&self) -> Vec<Resource> {
         let mut out = Vec::new();
         for s in &self.shared.servers {
+            out.extend(read(&s.listing).resources.iter().map(|r| Resource::clone(r)));
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Every listed resource, shared (no copy), sorted like [`Hub::resources`].
+    pub(crate) fn resources_shared(&self) -> Vec<Arc<Resource>> {
+        let mut out = Vec::new();
+        for s in &self.shared.servers {
             out.extend(read(&s.listing).resources.iter().cloned());
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
     }
 
+    /// Changes whenever any listing is replaced (connect, re-list, restart),
+    /// so what was derived from the listings can be kept until then. Read
+    /// it *before* the listings it stands for.
+    pub(crate) fn listing_generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::SeqCst)
+    }
+
     /// One server's resources in the order the server listed them.
     pub fn listed(&self, server: &str) -> Vec<Resource> {
-        self.server(server).map(|s| read(&s.listing).resources.clone()).unwrap_or_default()
+        self.server(server)
+            .map(|s| read(&s.listing).resources.iter().map(|r| Resource::clone(r)).collect())
+            .unwrap_or_default()
     }
 
     /// The listing entry of one resource.
     pub fn resource(&self, id: &ResourceId) -> Option<Resource> {
         let s = self.server(&id.server).ok()?;
-        read(&s.listing).resources.iter().find(|r| r.id.uri == id.uri).cloned()
+        read(&s.listing).resources.iter().find(|r| r.id.uri == id.uri).map(|r| Resource::clone(r))
     }
 
     /// Every listed template, by server then template.
@@ -397,9 +420,11 @@ impl Hub {
         let was_up = old.is_some();
         if let Some(old) = old {
             tracing::warn!(server = %server.cfg.name, "connection lost; restarting");
-            shutdown(&old).await;
+            Box::pin(shutdown(&old)).await;
         }
-        if connect_one(&self.shared, server).await {
+        // Boxed: a reconnect future is kilobytes, and it would otherwise be
+        // part of every read future (1000 pending reads, 6 MB, measured).
+        if Box::pin(connect_one(&self.shared, server)).await {
             *backoff = Backoff::default();
             if was_up {
                 server.restarts.fetch_add(1, Ordering::SeqCst);
@@ -420,7 +445,9 @@ impl Hub {
         let live = self.live(server).await?;
         let _global = self.shared.reads.acquire().await.map_err(|_| closed(server, id))?;
         let _local = server.reads.acquire().await.map_err(|_| closed(server, id))?;
-        let call = live.peer.read_resource(ReadResourceRequestParams::new(id.uri.clone()));
+        // Boxed once a permit is held: rmcp's request future is ~4 KB, and
+        // unboxed it would sit in every waiting read future.
+        let call = Box::pin(live.peer.read_resource(ReadResourceRequestParams::new(id.uri.clone())));
         let what = || format!("resources/read {}", id.uri);
         let result = match tokio::time::timeout(server.cfg.timeout, call).await {
             Err(_) => {
@@ -490,6 +517,7 @@ impl Hub {
         let live = self.live(s).await?;
         let listing = list_server(&s.cfg, &live).await;
         *write(&s.listing) = Arc::new(listing);
+        self.shared.generation.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -508,6 +536,7 @@ async fn connect_one(shared: &Shared, s: &Server) -> bool {
             s.epoch.fetch_add(1, Ordering::SeqCst);
             let listing = list_server(&s.cfg, &live).await;
             *write(&s.listing) = Arc::new(listing);
+            shared.generation.fetch_add(1, Ordering::SeqCst);
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
             *write(&s.timings) = (ms(connected), ms(started.elapsed() - connected));
             true
@@ -705,7 +734,7 @@ async fn list_server(cfg: &ServerConfig, live: &Live) -> Listing {
     .await;
     for r in r.items {
         if seen_uris.insert(r.uri.clone()) {
-            listing.resources.push(convert_resource(name, r, now));
+            listing.resources.push(Arc::new(convert_resource(name, r, now)));
         }
     }
     if let Some(p) = r.problem {

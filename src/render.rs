@@ -1,5 +1,5 @@
 //! Turning read results into text: for people and tools ([`render_text`]) and
-//! for the one context message ([`render_block`], [`assemble`]).
+//! for the one context message ([`render_head_into`], [`assemble`]).
 //!
 //! Everything here is byte-stable: the same inputs always give byte-identical
 //! output, so token counts can be cached by content and prompts stay
@@ -11,7 +11,7 @@
 //!   terminal or the model raw (see [`render_text`]);
 //! - inside a block, every `<resource` and `</resource` (ASCII case-insensitive)
 //!   has its `<` written as `&lt;`, so content can never open or close a block
-//!   (see [`render_block`]).
+//!   (see [`render_head_into`]).
 //!
 //! Lone surrogates cannot occur: a Rust `String` is always valid UTF-8, and
 //! serde_json already replaced unpaired `\uD800`-style escapes when the
@@ -100,32 +100,44 @@ pub fn render_text(contents: &Contents, listing_mime: Option<&str>) -> String {
 /// type, else the first part's, else the attribute is omitted. Attribute
 /// values have `& " < >` escaped and control characters (including `'\n'`)
 /// replaced by a space, so the opening tag is always one line.
+#[cfg(test)]
 pub fn render_block(resource: &Resource, contents: &Contents) -> RenderedBlock {
-    let mut head = String::with_capacity(text_len_hint(contents) + 128);
-    head.push_str("<resource id=\"");
-    push_attr(&mut head, &resource.id.server);
-    head.push(':');
-    push_attr(&mut head, &resource.id.uri);
-    head.push_str("\" name=\"");
-    push_attr(&mut head, &resource.name);
-    head.push('"');
+    let mut head = String::with_capacity(render_len_hint(contents));
+    render_head_into(&mut head, resource, contents);
+    RenderedBlock { id: resource.id.clone(), head, tail: CLOSE_TAG }
+}
+
+/// Roughly how many bytes [`render_head_into`] writes for these contents.
+pub fn render_len_hint(contents: &Contents) -> usize {
+    text_len_hint(contents) + 128
+}
+
+/// Appends what [`render_head_into`] puts in `head` to `out` (which may already
+/// hold other text: the message being assembled in place).
+pub fn render_head_into(out: &mut String, resource: &Resource, contents: &Contents) {
+    out.push_str("<resource id=\"");
+    push_attr(out, &resource.id.server);
+    out.push(':');
+    push_attr(out, &resource.id.uri);
+    out.push_str("\" name=\"");
+    push_attr(out, &resource.name);
+    out.push('"');
     if let Some(title) = resource.title.as_deref().filter(|t| *t != resource.name) {
-        head.push_str(" title=\"");
-        push_attr(&mut head, title);
-        head.push('"');
+        out.push_str(" title=\"");
+        push_attr(out, title);
+        out.push('"');
     }
     let mime = resource.mime_type.as_deref().or_else(|| contents.parts.first().and_then(part_mime));
     if let Some(mime) = mime {
-        head.push_str(" mime=\"");
-        push_attr(&mut head, mime);
-        head.push('"');
+        out.push_str(" mime=\"");
+        push_attr(out, mime);
+        out.push('"');
     }
-    head.push_str(">\n");
-    push_contents(&mut head, contents, resource.mime_type.as_deref(), true);
-    if !head.ends_with('\n') {
-        head.push('\n');
+    out.push_str(">\n");
+    push_contents(out, contents, resource.mime_type.as_deref(), true);
+    if !out.ends_with('\n') {
+        out.push('\n');
     }
-    RenderedBlock { id: resource.id.clone(), head, tail: CLOSE_TAG }
 }
 
 /// The message content: `preamble`, a blank line, then the blocks separated
@@ -161,7 +173,7 @@ fn text_len_hint(contents: &Contents) -> usize {
 }
 
 /// Writes the body text (see [`render_text`]); with `neutralise`, also
-/// defuses `<resource` / `</resource` (see [`render_block`]).
+/// defuses `<resource` / `</resource` (see [`render_head_into`]).
 fn push_contents(out: &mut String, contents: &Contents, listing_mime: Option<&str>, neutralise: bool) {
     if contents.parts.is_empty() {
         out.push_str(EMPTY_CONTENT);

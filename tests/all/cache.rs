@@ -15,7 +15,7 @@ fn reads_of(log: &Path, uri: &str) -> usize {
 }
 
 async fn content(ctx: &McpContext, user: &str) -> String {
-    ctx.build(&ContextRequest::for_user(user)).await.unwrap().0.map(|m| m.content).unwrap_or_default()
+    ctx.build(&ContextRequest::for_user(user)).await.unwrap().0.map(|m| m.content.to_string()).unwrap_or_default()
 }
 
 /// Polls `cond` every 20 ms for up to 5 s.
