@@ -149,7 +149,11 @@ async fn run(multi: bool) {
     hub.close().await;
     let shutdown_s = t_close.elapsed().as_secs_f64();
     let line = serde_json::json!({
-        "client": if sequential { "mcp-context-sequential" } else { "mcp-context" },
+        "client": format!(
+            "mcp-context{}{}",
+            if sequential { "-sequential" } else { "" },
+            if multi { "-multi-thread" } else { "" }
+        ),
         "resources": resources.len(),
         "chars": context.chars().count(),
         "tokens": tokens,

@@ -27,10 +27,11 @@ use std::time::{Duration, SystemTime};
 use futures::future::join_all;
 use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, ErrorCode, Implementation, PaginatedRequestParams, ProtocolVersion,
-    ReadResourceRequestParams, ResourceContents, ResourceUpdatedNotificationParam,
+    ClientCapabilities, ClientConfig, ClientRequest, ErrorCode, Implementation, PaginatedRequestParams,
+    ProtocolVersion, ReadResourceRequest, ReadResourceRequestParams, ReadResourceResult, ResourceContents,
+    ResourceUpdatedNotificationParam, ServerResult,
 };
-use rmcp::service::{NotificationContext, Peer, RunningService, ServiceError};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use tokio::sync::{Semaphore, broadcast};
@@ -447,18 +448,11 @@ impl Hub {
         let _local = server.reads.acquire().await.map_err(|_| closed(server, id))?;
         // Boxed once a permit is held: rmcp's request future is ~4 KB, and
         // unboxed it would sit in every waiting read future.
-        let call = Box::pin(live.peer.read_resource(ReadResourceRequestParams::new(id.uri.clone())));
+        let call = Box::pin(read_call(&live.peer, id.uri.clone(), server.cfg.timeout));
         let what = || format!("resources/read {}", id.uri);
-        let result = match tokio::time::timeout(server.cfg.timeout, call).await {
-            Err(_) => {
-                return Err(Error::Timeout {
-                    server: id.server.clone(),
-                    what: what(),
-                    after_ms: server.cfg.timeout.as_millis() as u64,
-                });
-            }
-            Ok(Err(e)) => return Err(scrub_error(&server.cfg, map_service_error(e, &id.server, &what(), Some(id)))),
-            Ok(Ok(r)) => r,
+        let result = match call.await {
+            Err(e) => return Err(scrub_error(&server.cfg, map_service_error(e, &id.server, &what(), Some(id)))),
+            Ok(r) => r,
         };
         let mut contents = convert_contents(result.contents, self.shared.max_resource_bytes);
         contents.ttl_ms = result.ttl_ms;
@@ -670,6 +664,44 @@ async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<L
                 Ok(Ok(s)) => s,
             };
             Ok(live_from(service, None).await)
+        }
+    }
+}
+
+/// `resources/read` through rmcp's request API, timing out (with
+/// `notifications/cancelled`) after `timeout`. Not `Peer::read_resource`:
+/// that also consults rmcp's response cache (off here: ours decides) and
+/// clones every answer for it, a measured few µs per read.
+async fn read_call(
+    peer: &Peer<RoleClient>,
+    uri: String,
+    timeout: Duration,
+) -> std::result::Result<ReadResourceResult, ServiceError> {
+    let mut options = PeerRequestOptions::no_options();
+    options.timeout = Some(timeout);
+    let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(ReadResourceRequestParams::new(uri)));
+    let handle = peer.send_cancellable_request(request, options).await?;
+    let mut guard = CancelOnDrop(Some((peer.clone(), handle.id.clone())));
+    let result = handle.await_response().await;
+    guard.0 = None;
+    match result? {
+        ServerResult::ReadResourceResult(r) => Ok(r),
+        _ => Err(ServiceError::UnexpectedResponse),
+    }
+}
+
+/// Tells the server a read was abandoned (the caller's deadline passed, or
+/// it was dropped), as rmcp's own helpers do.
+struct CancelOnDrop(Option<(Peer<RoleClient>, rmcp::model::RequestId)>);
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some((peer, id)) = self.0.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(async move {
+                let reason = Some("request abandoned by the caller".to_owned());
+                let _ = peer.notify_cancelled(rmcp::model::CancelledNotificationParam::new(Some(id), reason)).await;
+            });
         }
     }
 }
