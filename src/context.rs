@@ -347,12 +347,24 @@ impl McpContext {
         use futures::StreamExt;
         let mut results: Vec<Option<Result<crate::cache::CachedRead>>> =
             self.cache.hits(selected.iter().map(|r| &r.id), user).into_iter().map(|h| h.map(Ok)).collect();
-        let mut pending: futures::stream::FuturesUnordered<_> = selected
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| results[*i].is_none())
-            .map(|(i, r)| async move { (i, self.cache.read(&r.id, user).await) })
-            .collect();
+        // One window of reads per server, twice its in-flight limit: a read
+        // future exists only shortly before it can run (1000 futures created
+        // at once held ~1 MB for a 1000-resource gather), and a slow server
+        // fills only its own window, never another server's.
+        let mut by_server: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (i, r) in selected.iter().enumerate().filter(|(i, _)| results[*i].is_none()) {
+            match by_server.iter_mut().find(|(s, _)| *s == r.id.server) {
+                Some((_, v)) => v.push(i),
+                None => by_server.push((&r.id.server, vec![i])),
+            }
+        }
+        let mut pending = futures::stream::select_all(by_server.into_iter().map(|(server, idx)| {
+            let window = self.hub.server_config(server).map_or(16, |c| c.max_concurrent_reads).max(1) * 2;
+            futures::stream::iter(idx)
+                .map(move |i| async move { (i, self.cache.read(&selected[i].id, user).await) })
+                .buffer_unordered(window)
+                .boxed()
+        }));
         let deadline = tokio::time::sleep(std::time::Duration::from_millis(self.settings.deadline_ms));
         tokio::pin!(deadline);
         loop {
