@@ -16,8 +16,11 @@
 //!   errors and server requests behave exactly as before.
 //!
 //! Lines longer than [`MAX_LINE`] are dropped (the request they answer then
-//! times out, as with rmcp), unparsable lines are ignored, and a blank line,
-//! a trailing `\r` and a UTF-8 byte-order mark are tolerated.
+//! times out, as with rmcp); lines that are not MCP messages (junk, or JSON
+//! of another shape) are ignored and logged at debug level, where rmcp's own
+//! transport answers the second kind with an Invalid Request error that a
+//! confused server may echo back; a blank line, a trailing `\r` and a UTF-8
+//! byte-order mark are tolerated.
 
 use std::collections::HashSet;
 use std::future::Future;
