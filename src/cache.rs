@@ -168,11 +168,7 @@ impl ContentCache {
                 return None;
             }
             let e = s.entries.get(id)?.for_user(user)?;
-            let fresh = e.expires.map_or_else(
-                || e.epoch == self.hub.connection_epoch(&id.server) && self.hub.is_connected(&id.server),
-                |t| t > now,
-            );
-            fresh.then(|| CachedRead { contents: e.contents.clone(), stale: false })
+            self.fresh(e, &id.server, now).then(|| CachedRead { contents: e.contents.clone(), stale: false })
         })
         .collect()
     }
@@ -182,19 +178,12 @@ impl ContentCache {
         let (enabled, ttl, serve_stale) =
             self.settings.get(&id.server).copied().unwrap_or((false, Duration::ZERO, false));
         let now = Instant::now();
-        let live = |e: &Entry| {
-            // An entry without expiry lives by its subscription, which died
-            // with the connection: then it must be read again (which also
-            // restarts the server).
-            e.expires.map_or_else(
-                || e.epoch == self.hub.connection_epoch(&id.server) && self.hub.is_connected(&id.server),
-                |t| t > now,
-            )
-        };
         let (flight, initiator, stale_candidate) = {
             let mut s = lock(&self.state);
             let slot = s.entries.get(id);
-            if enabled && let Some(e) = slot.and_then(|slot| slot.for_user(user)).filter(|e| live(e)) {
+            if enabled
+                && let Some(e) = slot.and_then(|slot| slot.for_user(user)).filter(|e| self.fresh(e, &id.server, now))
+            {
                 return Ok(CachedRead { contents: e.contents.clone(), stale: false });
             }
             let stale =
@@ -209,23 +198,30 @@ impl ContentCache {
             };
             (flight, initiator, stale)
         };
+        // A failed read serves the last good content where allowed.
+        let or_stale = |e: Error| match stale_candidate {
+            Some(contents) => Ok(CachedRead { contents, stale: true }),
+            None => Err(e),
+        };
         match flight.await {
             // A private answer is its initiator's only: anyone else who
             // joined the flight reads for themselves (not cached for them
             // here; their next request caches its own).
             Ok(c) if c.private && initiator != user => match self.hub.read(id).await {
                 Ok(own) => Ok(CachedRead { contents: Arc::new(own), stale: false }),
-                Err(e) => match stale_candidate {
-                    Some(contents) => Ok(CachedRead { contents, stale: true }),
-                    None => Err(e),
-                },
+                Err(e) => or_stale(e),
             },
             Ok(c) => Ok(CachedRead { contents: c, stale: false }),
-            Err(e) => match stale_candidate {
-                Some(contents) => Ok(CachedRead { contents, stale: true }),
-                None => Err(e.duplicate()),
-            },
+            Err(e) => or_stale(e.duplicate()),
         }
+    }
+
+    /// Whether an entry may still be served. One without expiry lives by its
+    /// subscription, which died with the connection: then it must be read
+    /// again (which also restarts the server).
+    fn fresh(&self, e: &Entry, server: &str, now: Instant) -> bool {
+        e.expires
+            .map_or_else(|| e.epoch == self.hub.connection_epoch(server) && self.hub.is_connected(server), |t| t > now)
     }
 
     fn start_read(&self, s: &mut State, id: ResourceId, user: String, enabled: bool, ttl: Duration) -> Flight {

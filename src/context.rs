@@ -359,7 +359,12 @@ impl McpContext {
             }
         }
         let mut pending = futures::stream::select_all(by_server.into_iter().map(|(server, idx)| {
-            let window = self.hub.server_config(server).map_or(16, |c| c.max_concurrent_reads).max(1) * 2;
+            let window = self
+                .hub
+                .server_config(server)
+                .map_or(crate::config::DEFAULT_MAX_CONCURRENT_READS, |c| c.max_concurrent_reads)
+                .max(1)
+                * 2;
             futures::stream::iter(idx)
                 .map(move |i| async move { (i, self.cache.read(&selected[i].id, user).await) })
                 .buffer_unordered(window)
