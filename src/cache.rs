@@ -38,19 +38,25 @@ pub(crate) struct CachedRead {
 
 /// The cached answers for one resource: the shared one, and `private`
 /// ones per user (looked up by `&str`, so a warm hit allocates nothing).
+/// The private map is boxed: most resources never have one, and an inline
+/// map would add 40 bytes to every slot of the table.
 #[derive(Default)]
 struct Slot {
     shared: Option<Entry>,
-    private: HashMap<String, Entry>,
+    private: Option<Box<HashMap<String, Entry>>>,
 }
 
 impl Slot {
     fn for_user(&self, user: &str) -> Option<&Entry> {
-        self.private.get(user).or(self.shared.as_ref())
+        self.private.as_ref().and_then(|p| p.get(user)).or(self.shared.as_ref())
+    }
+
+    fn private_len(&self) -> usize {
+        self.private.as_ref().map_or(0, |p| p.len())
     }
 
     fn is_empty(&self) -> bool {
-        self.shared.is_none() && self.private.is_empty()
+        self.shared.is_none() && self.private_len() == 0
     }
 }
 
@@ -127,7 +133,9 @@ impl ContentCache {
                         let keep = |e: &Entry| e.expires.is_some() || e.epoch == epoch;
                         for (_, slot) in s.entries.iter_mut().filter(|(id, _)| id.server == server) {
                             slot.shared = slot.shared.take().filter(keep);
-                            slot.private.retain(|_, e| keep(e));
+                            if let Some(p) = &mut slot.private {
+                                p.retain(|_, e| keep(e));
+                            }
                         }
                         s.entries.retain(|_, slot| !slot.is_empty());
                         s.subscribed.retain(|id, e| id.server != server || *e == epoch);
@@ -154,7 +162,7 @@ impl ContentCache {
 
     /// Number of cached entries (shared and private).
     pub fn len(&self) -> usize {
-        lock(&self.state).entries.values().map(|s| usize::from(s.shared.is_some()) + s.private.len()).sum()
+        lock(&self.state).entries.values().map(|s| usize::from(s.shared.is_some()) + s.private_len()).sum()
     }
 
     /// The fresh cached answers for these ids, under one lock and without
@@ -244,7 +252,7 @@ impl ContentCache {
                 let entry = Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l), epoch };
                 let slot = s.entries.entry(id.clone()).or_default();
                 if contents.private {
-                    slot.private.insert(user, entry);
+                    slot.private.get_or_insert_default().insert(user, entry);
                 } else {
                     slot.shared = Some(entry);
                 }

@@ -885,7 +885,9 @@ fn convert_resource(server: &str, r: rmcp::model::Resource, now: SystemTime) -> 
 /// Converts wire contents, never keeping blob bytes, and cuts text beyond
 /// `max_bytes` (at a char boundary) before anything tokenises it.
 fn convert_contents(contents: Vec<ResourceContents>, max_bytes: usize) -> Contents {
-    let mut out = Contents::default();
+    // Exactly as many parts as the answer has: a cached resource keeps this
+    // vector for its whole life, and growth would leave 4 slots for one part.
+    let mut out = Contents { parts: Vec::with_capacity(contents.len()), ..Contents::default() };
     let mut left = max_bytes;
     for c in contents {
         match c {
