@@ -4,8 +4,18 @@
 //! ```text
 //! cargo build --release --example bench_server --example bench_gather
 //! target/release/examples/bench_gather [--n 1000] [--size 2048] [--rounds 20] [--server-cmd CMD]
+//!     [--current-thread] [--skip-tokenizer]
+//! target/release/examples/bench_gather --sweep 250,500,1000,2000,4000 [--size 2048] [--current-thread]
 //! ```
 //! The default server is the Rust `bench_server` example next to this binary.
+//! The runtime is tokio's multi-thread one unless `--current-thread` is given.
+//!
+//! Memory is peak RSS (`VmHWM`) after the cold gather, over a base taken in
+//! the same process after the same pipeline on 10 resources. `--sweep` runs
+//! one process per `n` (`--memory-only`, 3 each, median) and fits a line
+//! through peak RSS against content size: its slope is what each byte of
+//! content costs, its intercept the fixed base, free of whatever the 10-resource
+//! run did not warm (a blocking thread's first tokenizer use, say).
 
 #[path = "bench/workload.rs"]
 mod workload;
@@ -31,9 +41,70 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(ns) = flag(&args, "--sweep") {
+        return sweep(&args, &ns);
+    }
+    let runtime = if args.iter().any(|a| a == "--current-thread") {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    };
+    runtime.expect("runtime").block_on(run(args));
+}
+
+/// Runs this binary with `--memory-only` for each `n` and fits peak RSS
+/// against content size by least squares.
+fn sweep(args: &[String], ns: &str) {
+    let size: usize = flag(args, "--size").and_then(|v| v.parse().ok()).unwrap_or(2048);
+    let me = std::env::current_exe().expect("current exe");
+    let mut points = Vec::new();
+    println!("| n | content (MiB) | base (MiB) | peak (MiB) | growth / content (3 runs) |");
+    println!("|---:|---:|---:|---:|---|");
+    for n in ns.split(',').map(|v| v.trim().parse::<usize>().expect("--sweep takes a list of n")) {
+        let mut runs: Vec<(f64, f64)> = (0..3)
+            .map(|_| {
+                let mut cmd = std::process::Command::new(&me);
+                cmd.args(["--memory-only", "--n", &n.to_string(), "--size", &size.to_string()]);
+                cmd.args(args.iter().filter(|a| *a == "--current-thread"));
+                if let Some(server) = flag(args, "--server-cmd") {
+                    cmd.args(["--server-cmd", &server]);
+                }
+                let out = cmd.output().expect("run bench_gather --memory-only");
+                let text = String::from_utf8_lossy(&out.stdout);
+                let line = text.lines().find(|l| l.starts_with("memory ")).expect("a memory line");
+                let field = |k: &str| -> f64 {
+                    line.split_whitespace().find_map(|w| w.strip_prefix(k)).and_then(|v| v.parse().ok()).expect(k)
+                };
+                (field("base_kib="), field("peak_kib="))
+            })
+            .collect();
+        let content = (n * size) as f64;
+        let ratios: Vec<String> =
+            runs.iter().map(|(b, p)| format!("{:.2}x", (p - b) * 1024.0 / content)).collect();
+        runs.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (base, peak) = runs[1];
+        println!(
+            "| {n} | {:.2} | {:.1} | {:.1} | {} |",
+            content / 1048576.0,
+            base / 1024.0,
+            peak / 1024.0,
+            ratios.join(" / ")
+        );
+        points.push((content, peak * 1024.0));
+    }
+    let k = points.len() as f64;
+    let (mx, my) = (points.iter().map(|p| p.0).sum::<f64>() / k, points.iter().map(|p| p.1).sum::<f64>() / k);
+    let slope = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum::<f64>()
+        / points.iter().map(|(x, _)| (x - mx).powi(2)).sum::<f64>();
+    println!(
+        "fit (median peaks): peak RSS = {:.1} MiB + {slope:.2} x content",
+        (my - slope * mx) / 1048576.0
+    );
+}
+
+async fn run(args: Vec<String>) {
     let n: usize = flag(&args, "--n").and_then(|v| v.parse().ok()).unwrap_or(1000);
     let size: usize = flag(&args, "--size").and_then(|v| v.parse().ok()).unwrap_or(2048);
     let rounds: usize = flag(&args, "--rounds").and_then(|v| v.parse().ok()).unwrap_or(20);
@@ -74,6 +145,10 @@ async fn main() {
     let message = message.expect("a message");
     let rss_cold = peak_rss_kib();
     assert_eq!(report.included.len(), n, "every resource included: {:?}", report.excluded.first());
+    if args.iter().any(|a| a == "--memory-only") {
+        println!("memory n={n} size={size} base_kib={rss_base} peak_kib={rss_cold}");
+        return;
+    }
 
     // 2. Warm injection: everything cached, nothing changed.
     let mut warm = Vec::new();
@@ -115,7 +190,8 @@ async fn main() {
 
     let content_bytes: usize = n * size;
     println!(
-        "workload: n={n} size={size} (every 10th a blob), message {} tokens, {} chars",
+        "workload: n={n} size={size} (every 10th a blob), {} runtime, message {} tokens, {} chars",
+        if args.iter().any(|a| a == "--current-thread") { "current-thread" } else { "multi-thread" },
         message.tokens,
         message.content.len()
     );
