@@ -81,8 +81,7 @@ fn sweep(args: &[String], ns: &str) {
             })
             .collect();
         let content = (n * size) as f64;
-        let ratios: Vec<String> =
-            runs.iter().map(|(b, p)| format!("{:.2}x", (p - b) * 1024.0 / content)).collect();
+        let ratios: Vec<String> = runs.iter().map(|(b, p)| format!("{:.2}x", (p - b) * 1024.0 / content)).collect();
         runs.sort_by(|a, b| a.1.total_cmp(&b.1));
         let (base, peak) = runs[1];
         println!(
@@ -98,10 +97,7 @@ fn sweep(args: &[String], ns: &str) {
     let (mx, my) = (points.iter().map(|p| p.0).sum::<f64>() / k, points.iter().map(|p| p.1).sum::<f64>() / k);
     let slope = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum::<f64>()
         / points.iter().map(|(x, _)| (x - mx).powi(2)).sum::<f64>();
-    println!(
-        "fit (median peaks): peak RSS = {:.1} MiB + {slope:.2} x content",
-        (my - slope * mx) / 1048576.0
-    );
+    println!("fit (median peaks): peak RSS = {:.1} MiB + {slope:.2} x content", (my - slope * mx) / 1048576.0);
 }
 
 async fn run(args: Vec<String>) {

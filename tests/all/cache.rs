@@ -38,6 +38,18 @@ struct Files {
     fail: std::path::PathBuf,
 }
 
+/// Loads the tokenizer with a build that reads nothing. The first build of
+/// a context awaits the tokenizer on the blocking pool, and which of several
+/// concurrent first builds comes back first is up to the OS: after this, the
+/// spawned builds of the single-flight tests reach the cache in spawn order
+/// (the test runtime has one thread), whatever the machine's load. Each
+/// joins the read before any answer can be handled, so the slow read (500 ms)
+/// only has to outlast a few polls.
+async fn load_tokenizer(ctx: &McpContext) {
+    let req = ContextRequest { user: "warm-up".into(), selection: Some(vec![]), ..Default::default() };
+    ctx.build(&req).await.unwrap();
+}
+
 fn files() -> Files {
     let dir = tempfile::tempdir().unwrap();
     let f = |n: &str| dir.path().join(n);
@@ -195,9 +207,10 @@ async fn concurrent_injections_share_one_read() {
     let log = dir.path().join("reads.log");
     let yaml = format!(
         "servers:\n{}",
-        fixture_server("fx", &t, &["--n", "0", "--specials", "--slow-ms", "1500", "--record", log.to_str().unwrap()])
+        fixture_server("fx", &t, &["--n", "0", "--specials", "--slow-ms", "500", "--record", log.to_str().unwrap()])
     );
     let ctx = Arc::new(McpContext::from_config(&config(&yaml)).await.unwrap());
+    load_tokenizer(&ctx).await;
     let req = ContextRequest {
         user: "u".into(),
         selection: Some(vec![mcp_context::ResourceId::parse("fx:fx://slow").unwrap()]),
@@ -241,11 +254,13 @@ async fn a_shared_read_with_a_private_answer_is_not_handed_to_another_user() {
         fixture_server(
             "fx",
             &t,
-            // A wide window: under a loaded CI machine a spawned request was seen to start 300 ms late.
-            &["--n", "0", "--specials", "--private", "--slow-ms", "1500", "--record", log.to_str().unwrap()]
+            &["--n", "0", "--specials", "--private", "--slow-ms", "500", "--record", log.to_str().unwrap()]
         )
     );
     let ctx = Arc::new(McpContext::from_config(&config(&yaml)).await.unwrap());
+    // Without this, ben's build could get the tokenizer first and start the
+    // read: then both of ann's join his private answer and read again (3).
+    load_tokenizer(&ctx).await;
     let slow = vec![mcp_context::ResourceId::parse("fx:fx://slow").unwrap()];
     let tasks: Vec<_> = ["ann", "ann", "ben"]
         .into_iter()
