@@ -43,6 +43,7 @@ pub(crate) struct CachedRead {
 #[derive(Default)]
 struct Slot {
     shared: Option<Entry>,
+    #[expect(clippy::box_collection, reason = "boxed for the slot's size, not to put the map on the heap")]
     private: Option<Box<HashMap<String, Entry>>>,
 }
 
