@@ -153,10 +153,17 @@ async fn reads_run_concurrently() {
     let t = tag();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("reads.log");
-    // 8 reads of a resource that takes 300 ms; the server logs how many are in flight at once.
+    // 8 reads of a slow resource; the server logs how many are in flight at
+    // once, and holds each read until 4 are (or 10 s pass): a client that
+    // reads one at a time logs 1, one that ignores the bound logs 8, and a
+    // slow machine only makes the test slower.
     let yaml = format!(
         "servers:\n{}    max_concurrent_reads: 4\n",
-        fixture_server("fx", &t, &["--specials", "--slow-ms", "300", "--record", log.to_str().unwrap()])
+        fixture_server(
+            "fx",
+            &t,
+            &["--specials", "--slow-ms", "100", "--slow-wait-for", "4", "--record", log.to_str().unwrap()]
+        )
     );
     let hub = Hub::connect(&config(&yaml)).await;
     let ids: Vec<ResourceId> = (0..8).map(|_| id("fx:fx://slow")).collect();

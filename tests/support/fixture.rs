@@ -25,6 +25,10 @@ pub struct Options {
     pub prefix: String,
     pub record: Option<String>,
     pub slow_ms: u64,
+    /// A slow read first waits (at most 10 s) until this many slow reads are
+    /// in flight at once, then sleeps `slow_ms`: a test of a concurrency
+    /// bound then does not depend on how fast the client's reads arrive.
+    pub slow_wait_for: usize,
     pub big_bytes: usize,
     pub blob_bytes: usize,
     pub exit_on_read: bool,
@@ -324,6 +328,13 @@ impl ServerHandler for Fixture {
                     let now = self.inflight.fetch_add(1, Ordering::SeqCst) + 1;
                     self.record(&format!("inflight {now}"));
                     let _guard = Dec(self.inflight.clone());
+                    let waiting_since = tokio::time::Instant::now();
+                    while self.inflight.load(Ordering::SeqCst) < self.opts.slow_wait_for
+                        && waiting_since.elapsed() < Duration::from_secs(10)
+                        && !cx.ct.is_cancelled()
+                    {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
                     tokio::select! {
                         _ = cx.ct.cancelled() => return Err(ErrorData::internal_error("cancelled", None)),
                         _ = tokio::time::sleep(Duration::from_millis(self.opts.slow_ms.max(1))) => {}

@@ -47,6 +47,7 @@ fn main() {
         prefix: val("--prefix").unwrap_or_default(),
         record: val("--record"),
         slow_ms: num("--slow-ms", 50) as u64,
+        slow_wait_for: num("--slow-wait-for", 0),
         big_bytes: num("--big-bytes", 4 << 20),
         blob_bytes: num("--blob-bytes", 0),
         exit_on_read: flag("--exit-on-read"),
