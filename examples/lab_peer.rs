@@ -1,15 +1,21 @@
 //! mcp-context as a peer of the lab (`../shared/lab`, `EXTRA_PEERS`).
 //!
-//! Spawns the server command, lists every page, reads every resource
-//! (concurrently by default, `--sequential` for one at a time), builds the
+//! Spawns the server command, lists every page, reads every resource (one
+//! at a time by default, as the lab's peers do; `--concurrent` for up to 256
+//! in flight), builds the
 //! lab's canonical context string (text parts and `[Binary Data (MIME)]`
 //! joined with "\n\n", in list order), counts o200k tokens, and prints the
 //! lab's JSON line. All of it through the library's own hub and renderer.
 //!
 //! ```text
 //! cargo build --release --example lab_peer --example bench_server
-//! target/release/examples/lab_peer --server-cmd "target/release/examples/bench_server --n 1000"
+//! target/release/examples/lab_peer --concurrent --server-cmd "target/release/examples/bench_server --n 1000"
 //! ```
+//! The client is named `mcp-context-sequential` or `mcp-context-concurrent`
+//! (plus `-multi-thread` with that flag), so the lab's own
+//! `EXTRA_PEERS='rust|peer;rust --concurrent|peer --concurrent'` gives two
+//! distinct rows. (Before 2026-11-30 09:20 UTC the default was concurrent and
+//! named plain `mcp-context`; BENCHMARKS.md's older tables use that name.)
 
 use std::time::Instant;
 
@@ -70,7 +76,7 @@ fn main() {
 
 async fn run(multi: bool) {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let sequential = args.iter().any(|a| a == "--sequential");
+    let sequential = !args.iter().any(|a| a == "--concurrent");
     let workload: Vec<String> = ["--n", "--size", "--page-size", "--seed"]
         .iter()
         .filter_map(|f| flag_value(&args, f).map(|v| format!("{f} {v}")))
@@ -151,7 +157,7 @@ async fn run(multi: bool) {
     let line = serde_json::json!({
         "client": format!(
             "mcp-context{}{}",
-            if sequential { "-sequential" } else { "" },
+            if sequential { "-sequential" } else { "-concurrent" },
             if multi { "-multi-thread" } else { "" }
         ),
         "resources": resources.len(),
