@@ -228,7 +228,7 @@ impl McpContext {
                 tokio::task::spawn_blocking(move || {
                     let items: Vec<(&Resource, &Contents)> =
                         ready.iter().map(|(i, c)| (&*selection.resources[*i], &**c)).collect();
-                    let composed = Arc::new(Composed::from(pack_items(&tok, &cache, &preamble, budget, &items)));
+                    let composed = Arc::new(Composed::from(compose(&tok, &cache, &preamble, budget, &items)));
                     compositions.put(
                         CompositionKey { encoding: tok.encoding(), preamble, budget, selection, ready },
                         composed.clone(),
@@ -447,16 +447,6 @@ pub struct Composition {
 /// are cached in `cache` by content, so a repeated call with unchanged
 /// contents tokenises nothing. CPU-bound: call it off the async runtime.
 pub fn compose(
-    tok: &Tokenizer,
-    cache: &TokenCache,
-    preamble: &str,
-    budget: usize,
-    items: &[(&Resource, &Contents)],
-) -> Composition {
-    pack_items(tok, cache, preamble, budget, items)
-}
-
-fn pack_items(
     tok: &Tokenizer,
     cache: &TokenCache,
     preamble: &str,
