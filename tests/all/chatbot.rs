@@ -151,3 +151,63 @@ async fn tools_flag_runs_the_resource_tools() {
     assert!(tool["content"].as_str().unwrap().starts_with("# Acme Notes guide"));
     assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
+    let t = tag();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &t);
+    // The first answer streams one chunk and then never ends; the second is whole.
+    let llm = FakeLlm::start(Reply::Stream(vec!["second answer".into()])).await;
+    llm.push(Reply::StreamThenHang(vec!["partial ".into()]));
+    let mut child = Command::new(chatbot_binary())
+        .args(["--config", config.to_str().unwrap(), "--user", "alice"])
+        .env("OPENAI_BASE_URL", &llm.base)
+        .env("OPENAI_API_KEY", "test-key")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut stdout, &mut buf) {
+                seen.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    let wait_for = |needle: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !seen.lock().unwrap().contains(needle) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(seen.lock().unwrap().contains(needle), "no {needle:?} in {:?}", seen.lock().unwrap());
+    };
+    stdin.write_all(b"first question\n").unwrap();
+    tokio::task::block_in_place(|| wait_for("partial "));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    tokio::task::block_in_place(|| wait_for("[stopped]"));
+    // Not unwrapped: a chatbot that died of the signal shows in its status below.
+    let _ = stdin.write_all(b"second question\n/quit\n");
+    drop(stdin);
+    let status = tokio::task::block_in_place(|| child.wait()).unwrap();
+    reader.join().unwrap();
+    let out = seen.lock().unwrap().clone();
+    assert!(status.success(), "Ctrl-C during an answer ends that answer, not the chat: {status:?}\n{out}");
+    assert!(out.contains("second answer"), "{out}");
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2, "{out}");
+    let m = requests[1]["messages"].as_array().unwrap();
+    assert_eq!(m[0]["name"], "mcp_context");
+    // The stopped answer stays in the history as far as it got.
+    let roles: Vec<(&str, &str)> =
+        m[1..].iter().map(|x| (x["role"].as_str().unwrap(), x["content"].as_str().unwrap())).collect();
+    assert_eq!(roles, [("user", "first question"), ("assistant", "partial "), ("user", "second question")], "{out}");
+    assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty(), "the demo server was left running");
+}

@@ -132,6 +132,8 @@ pub enum Reply {
     Text(String),
     /// An SSE stream of these chunks.
     Stream(Vec<String>),
+    /// An SSE stream of these chunks that then stays open without `[DONE]`.
+    StreamThenHang(Vec<String>),
     /// A tool call answer: (id, name, arguments).
     ToolCalls(Vec<(String, String, String)>),
     /// An HTTP error status with a body.
@@ -207,6 +209,18 @@ async fn handle(State(state): State<Arc<Mutex<LlmState>>>, body: String) -> Resp
     reply.into_response_for(&json)
 }
 
+fn sse_chunks(model: &str, chunks: Vec<String>) -> String {
+    let mut body = String::new();
+    for c in chunks {
+        let chunk = serde_json::json!({
+            "id": "chatcmpl-3", "object": "chat.completion.chunk", "created": 1, "model": model,
+            "choices": [{"index": 0, "delta": {"content": c}}]
+        });
+        body.push_str(&format!("data: {chunk}\n\n"));
+    }
+    body
+}
+
 impl Reply {
     fn into_response_for(self, json: &serde_json::Value) -> Response {
         let model = json["model"].as_str().unwrap_or("gpt-4o").to_owned();
@@ -228,16 +242,17 @@ impl Reply {
             .into_response()
             }
             Reply::Stream(chunks) => {
-                let mut body = String::new();
-                for c in chunks {
-                    let chunk = serde_json::json!({
-                        "id": "chatcmpl-3", "object": "chat.completion.chunk", "created": 1, "model": model,
-                        "choices": [{"index": 0, "delta": {"content": c}}]
-                    });
-                    body.push_str(&format!("data: {chunk}\n\n"));
-                }
+                let mut body = sse_chunks(&model, chunks);
                 body.push_str("data: [DONE]\n\n");
                 ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+            }
+            Reply::StreamThenHang(chunks) => {
+                use futures::StreamExt;
+                let first = sse_chunks(&model, chunks);
+                let body = futures::stream::once(async move { Ok::<_, std::io::Error>(first) })
+                    .chain(futures::stream::pending());
+                ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(body))
+                    .into_response()
             }
             Reply::Status(code, msg) => (
                 StatusCode::from_u16(code).unwrap(),
