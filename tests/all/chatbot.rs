@@ -211,3 +211,85 @@ async fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
     assert_eq!(roles, [("user", "first question"), ("assistant", "partial "), ("user", "second question")], "{out}");
     assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty(), "the demo server was left running");
 }
+
+/// A pseudo-terminal: the master end for the test, the path of the slave
+/// end for the chatbot's stdin and stdout.
+fn open_pty() -> (std::fs::File, PathBuf) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain libc calls on a descriptor we own; ptsname's buffer is
+    // copied before any other pty call.
+    unsafe {
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(master >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+        assert_eq!(libc::grantpt(master), 0);
+        assert_eq!(libc::unlockpt(master), 0);
+        let name = std::ffi::CStr::from_ptr(libc::ptsname(master)).to_string_lossy().into_owned();
+        (std::fs::File::from_raw_fd(master), PathBuf::from(name))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_terminal_it_uses_the_line_editor() {
+    let t = tag();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &t);
+    let llm = FakeLlm::start(Reply::Stream(vec!["Hello ".into(), "from the model".into()])).await;
+    let (master, slave) = open_pty();
+    let tty = || std::fs::OpenOptions::new().read(true).write(true).open(&slave).unwrap();
+    let mut child = Command::new(chatbot_binary())
+        .args(["--config", config.to_str().unwrap(), "--user", "alice"])
+        .env("OPENAI_BASE_URL", &llm.base)
+        .env("OPENAI_API_KEY", "test-key")
+        .env("TERM", "xterm")
+        .stdin(tty())
+        .stdout(tty())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let (seen, mut master) = (seen.clone(), master.try_clone().unwrap());
+        // Ends with EIO once the chatbot, the last holder of the slave end, exits.
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut master, &mut buf) {
+                seen.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    // The n-th prompt (rustyline writes it once the terminal is in raw mode).
+    let prompt = |n: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while seen.lock().unwrap().matches("alice> ").count() < n && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(seen.lock().unwrap().matches("alice> ").count() >= n, "no prompt {n}: {:?}", seen.lock().unwrap());
+    };
+    let mut keys = master;
+    tokio::task::block_in_place(|| {
+        prompt(1);
+        keys.write_all(b"first question\r").unwrap();
+        prompt(2);
+        // Ctrl-C at the prompt drops the line being typed, not the chat.
+        keys.write_all(b"never sent\x03").unwrap();
+        prompt(3);
+        keys.write_all(b"second question\r").unwrap();
+        prompt(4);
+        // Ctrl-D on an empty line ends the chat.
+        keys.write_all(b"\x04").unwrap();
+    });
+    let status = tokio::task::block_in_place(|| child.wait()).unwrap();
+    drop(keys);
+    reader.join().unwrap();
+    let out = seen.lock().unwrap().clone();
+    assert!(status.success(), "{status:?}\n{out}");
+    assert!(out.contains("mcp-context chatbot: user alice"), "the banner of the interactive mode: {out}");
+    assert_eq!(out.matches("Hello from the model").count(), 2, "{out}");
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2, "{out}");
+    let m = requests[1]["messages"].as_array().unwrap();
+    assert_eq!(m[0]["name"], "mcp_context");
+    let turns: Vec<&str> = m[1..].iter().map(|x| x["content"].as_str().unwrap()).collect();
+    assert_eq!(turns, ["first question", "Hello from the model", "second question"], "{out}");
+    assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty(), "the demo server was left running");
+}
