@@ -170,24 +170,8 @@ async fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let reader = {
-        let seen = seen.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = std::io::Read::read(&mut stdout, &mut buf) {
-                seen.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        })
-    };
-    let wait_for = |needle: &str| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while !seen.lock().unwrap().contains(needle) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(seen.lock().unwrap().contains(needle), "no {needle:?} in {:?}", seen.lock().unwrap());
-    };
+    let output = Output::collect(child.stdout.take().unwrap());
+    let wait_for = |needle: &str| output.wait_until(needle, |out| out.contains(needle));
     stdin.write_all(b"first question\n").unwrap();
     tokio::task::block_in_place(|| wait_for("partial "));
     // SAFETY: signalling our own child.
@@ -197,8 +181,7 @@ async fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
     let _ = stdin.write_all(b"second question\n/quit\n");
     drop(stdin);
     let status = tokio::task::block_in_place(|| child.wait()).unwrap();
-    reader.join().unwrap();
-    let out = seen.lock().unwrap().clone();
+    let out = output.finish();
     assert!(status.success(), "Ctrl-C during an answer ends that answer, not the chat: {status:?}\n{out}");
     assert!(out.contains("second answer"), "{out}");
     let requests = llm.requests();
@@ -210,6 +193,42 @@ async fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
         m[1..].iter().map(|x| (x["role"].as_str().unwrap(), x["content"].as_str().unwrap())).collect();
     assert_eq!(roles, [("user", "first question"), ("assistant", "partial "), ("user", "second question")], "{out}");
     assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty(), "the demo server was left running");
+}
+
+/// What a child writes (to a pipe or a pty), collected on a thread as it comes.
+struct Output {
+    seen: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Output {
+    fn collect(mut from: impl std::io::Read + Send + 'static) -> Output {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = seen.clone();
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = from.read(&mut buf) {
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Output { seen, reader }
+    }
+
+    /// Blocks until `done` holds for the output so far (60 s at most, then fails naming `what`).
+    fn wait_until(&self, what: &str, done: impl Fn(&str) -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !done(&self.seen.lock().unwrap()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = self.seen.lock().unwrap();
+        assert!(done(&out), "no {what} in {out:?}");
+    }
+
+    /// Everything, once the writer has closed its end.
+    fn finish(self) -> String {
+        self.reader.join().unwrap();
+        std::sync::Arc::try_unwrap(self.seen).unwrap().into_inner().unwrap()
+    }
 }
 
 /// A pseudo-terminal: the master end for the test, the path of the slave
@@ -253,25 +272,10 @@ async fn on_a_terminal_it_uses_the_line_editor() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let reader = {
-        let (seen, mut master) = (seen.clone(), master.try_clone().unwrap());
-        // Ends with EIO once the chatbot, the last holder of the slave end, exits.
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = std::io::Read::read(&mut master, &mut buf) {
-                seen.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        })
-    };
+    // Reading the master ends with EIO once the chatbot, the last holder of the slave end, exits.
+    let output = Output::collect(master.try_clone().unwrap());
     // The n-th prompt (rustyline writes it once the terminal is in raw mode).
-    let prompt = |n: usize| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while seen.lock().unwrap().matches("alice> ").count() < n && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(seen.lock().unwrap().matches("alice> ").count() >= n, "no prompt {n}: {:?}", seen.lock().unwrap());
-    };
+    let prompt = |n: usize| output.wait_until(&format!("prompt {n}"), |out| out.matches("alice> ").count() >= n);
     let mut keys = master;
     tokio::task::block_in_place(|| {
         prompt(1);
@@ -287,8 +291,7 @@ async fn on_a_terminal_it_uses_the_line_editor() {
     });
     let status = tokio::task::block_in_place(|| child.wait()).unwrap();
     drop(keys);
-    reader.join().unwrap();
-    let out = seen.lock().unwrap().clone();
+    let out = output.finish();
     assert!(status.success(), "{status:?}\n{out}");
     assert!(out.contains("mcp-context chatbot: user alice"), "the banner of the interactive mode: {out}");
     assert_eq!(out.matches("Hello from the model").count(), 2, "{out}");
