@@ -312,12 +312,7 @@ impl Hub {
 
     /// Every listed resource, sorted by server name then URI.
     pub fn resources(&self) -> Vec<Resource> {
-        let mut out = Vec::new();
-        for s in &self.shared.servers {
-            out.extend(read(&s.listing).resources.iter().map(|r| Resource::clone(r)));
-        }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        out
+        self.resources_shared().into_iter().map(Arc::unwrap_or_clone).collect()
     }
 
     /// Every listed resource, shared (no copy), sorted like [`Hub::resources`].
