@@ -112,8 +112,9 @@ pub fn render_len_hint(contents: &Contents) -> usize {
     text_len_hint(contents) + 128
 }
 
-/// Appends what [`render_head_into`] puts in `head` to `out` (which may already
-/// hold other text: the message being assembled in place).
+/// Appends a block's head to `out` (which may already hold other text: the
+/// message being assembled in place): the one-line opening tag, the body,
+/// and a final newline. The closing tag is the block's tail, [`CLOSE_TAG`].
 pub fn render_head_into(out: &mut String, resource: &Resource, contents: &Contents) {
     out.push_str("<resource id=\"");
     push_attr(out, &resource.id.server);
