@@ -218,7 +218,9 @@ impl McpContext {
 
         // 3. Render and fit the budget, off the async runtime (tokenising can be slow).
         let preamble = self.settings.preamble.as_deref().unwrap_or(DEFAULT_PREAMBLE);
-        let packed = match self.compositions.find(&tok, preamble, budget, &selection, &ready) {
+        let inputs =
+            CompositionInputs { encoding: tok.encoding(), preamble, budget, selection: &selection, ready: &ready };
+        let packed = match self.compositions.find(&inputs) {
             Some(hit) => hit,
             None => {
                 let preamble = preamble.to_owned();
@@ -548,27 +550,40 @@ struct CompositionKey {
     ready: Vec<(usize, Arc<Contents>)>,
 }
 
+/// What a composition is made from, borrowed: a request's inputs to look up
+/// in the memo, or a stored key's (see [`CompositionKey::inputs`]).
+struct CompositionInputs<'a> {
+    encoding: &'a str,
+    preamble: &'a str,
+    budget: usize,
+    selection: &'a Arc<Selection>,
+    ready: &'a [(usize, Arc<Contents>)],
+}
+
 impl CompositionKey {
+    fn inputs(&self) -> CompositionInputs<'_> {
+        CompositionInputs {
+            encoding: self.encoding,
+            preamble: &self.preamble,
+            budget: self.budget,
+            selection: &self.selection,
+            ready: &self.ready,
+        }
+    }
+
     /// Whether this key describes exactly these inputs: the very same
     /// contents (`Arc` identity) for resources with the same id and the same
     /// listing metadata the block shows (name, title, MIME type).
-    fn matches(
-        &self,
-        encoding: &str,
-        preamble: &str,
-        budget: usize,
-        selection: &Arc<Selection>,
-        ready: &[(usize, Arc<Contents>)],
-    ) -> bool {
-        let same_listing = Arc::ptr_eq(&self.selection, selection);
-        self.encoding == encoding
-            && self.budget == budget
-            && self.preamble == preamble
-            && self.ready.len() == ready.len()
-            && self.ready.iter().zip(ready).all(|((ia, ca), (ib, cb))| {
+    fn matches(&self, other: &CompositionInputs<'_>) -> bool {
+        let same_listing = Arc::ptr_eq(&self.selection, other.selection);
+        self.encoding == other.encoding
+            && self.budget == other.budget
+            && self.preamble == other.preamble
+            && self.ready.len() == other.ready.len()
+            && self.ready.iter().zip(other.ready).all(|((ia, ca), (ib, cb))| {
                 Arc::ptr_eq(ca, cb)
                     && (same_listing && ia == ib || {
-                        let (a, b) = (&self.selection.resources[*ia], &selection.resources[*ib]);
+                        let (a, b) = (&self.selection.resources[*ia], &other.selection.resources[*ib]);
                         a.id == b.id && a.name == b.name && a.title == b.title && a.mime_type == b.mime_type
                     })
             })
@@ -576,24 +591,14 @@ impl CompositionKey {
 }
 
 impl CompositionMemo {
-    fn find(
-        &self,
-        tok: &Tokenizer,
-        preamble: &str,
-        budget: usize,
-        selection: &Arc<Selection>,
-        ready: &[(usize, Arc<Contents>)],
-    ) -> Option<Arc<Composed>> {
+    fn find(&self, inputs: &CompositionInputs<'_>) -> Option<Arc<Composed>> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries
-            .iter()
-            .find(|(k, _)| k.matches(tok.encoding(), preamble, budget, selection, ready))
-            .map(|(_, c)| c.clone())
+        entries.iter().find(|(k, _)| k.matches(inputs)).map(|(_, c)| c.clone())
     }
 
     fn put(&self, key: CompositionKey, composed: Arc<Composed>) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|(k, _)| !k.matches(key.encoding, &key.preamble, key.budget, &key.selection, &key.ready));
+        entries.retain(|(k, _)| !k.matches(&key.inputs()));
         if entries.len() >= COMPOSITION_MEMO_SIZE {
             entries.pop_front();
         }
