@@ -25,19 +25,26 @@ fn write_config(dir: &std::path::Path, t: &str) -> PathBuf {
     path
 }
 
-fn run_chat(llm_base: Option<&str>, config: &std::path::Path, input: &str, extra: &[&str]) -> (String, String) {
+/// The chatbot as alice, talking to `llm_base` (none: no endpoint configured).
+fn chat_command(config: &std::path::Path, llm_base: Option<&str>) -> Command {
     let mut cmd = Command::new(chatbot_binary());
     cmd.args(["--config", config.to_str().unwrap(), "--user", "alice"])
-        .args(extra)
         .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env_remove("OPENAI_API_KEY");
     if let Some(base) = llm_base {
         cmd.env("OPENAI_BASE_URL", base).env("OPENAI_API_KEY", "test-key");
     }
-    let mut child = cmd.spawn().expect("chatbot example is built by `cargo test`");
+    cmd
+}
+
+fn run_chat(llm_base: Option<&str>, config: &std::path::Path, input: &str, extra: &[&str]) -> (String, String) {
+    let mut child = chat_command(config, llm_base)
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chatbot example is built by `cargo test`");
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "chatbot failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -160,10 +167,7 @@ async fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
     // The first answer streams one chunk and then never ends; the second is whole.
     let llm = FakeLlm::start(Reply::Stream(vec!["second answer".into()])).await;
     llm.push(Reply::StreamThenHang(vec!["partial ".into()]));
-    let mut child = Command::new(chatbot_binary())
-        .args(["--config", config.to_str().unwrap(), "--user", "alice"])
-        .env("OPENAI_BASE_URL", &llm.base)
-        .env("OPENAI_API_KEY", "test-key")
+    let mut child = chat_command(&config, Some(&llm.base))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -262,10 +266,7 @@ async fn on_a_terminal_it_uses_the_line_editor() {
         return;
     };
     let tty = || std::fs::OpenOptions::new().read(true).write(true).open(&slave).unwrap();
-    let mut child = Command::new(chatbot_binary())
-        .args(["--config", config.to_str().unwrap(), "--user", "alice"])
-        .env("OPENAI_BASE_URL", &llm.base)
-        .env("OPENAI_API_KEY", "test-key")
+    let mut child = chat_command(&config, Some(&llm.base))
         .env("TERM", "xterm")
         .stdin(tty())
         .stdout(tty())
