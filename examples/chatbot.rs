@@ -188,14 +188,11 @@ async fn chat(
         let mentions: Vec<&str> = line.split_whitespace().filter_map(|w| w.strip_prefix('@')).collect();
         let mut selection = None;
         if !mentions.is_empty() {
-            let visible = ctx.visible_resources(&args.user);
             let mut chosen = Vec::new();
             for m in mentions {
-                match ResourceId::parse(m) {
-                    Ok(id) if visible.iter().any(|r| r.id == id) || policy_allows(&ctx, &args.user, &id) => {
-                        chosen.push(id)
-                    }
-                    _ => out(&format!("(@{m} is not available to {}; left out of the context)", args.user)),
+                match ResourceId::parse(m).ok().and_then(|id| allowed_mention(&ctx, &args.user, &id)) {
+                    Some(id) => chosen.push(id),
+                    None => out(&format!("(@{m} is not available to {}; left out of the context)", args.user)),
                 }
             }
             selection = Some(chosen);
@@ -223,9 +220,11 @@ async fn chat(
     Ok(())
 }
 
-fn policy_allows(ctx: &McpContext, user: &str, id: &ResourceId) -> bool {
-    ctx.hub().server_index(&id.server).is_some()
-        && ctx.policy().for_user(user).decide(&mcp_context::Resource::unlisted(id.clone())).allowed
+/// A mention passes the library's gate for requested URIs, then the policy
+/// decides on what the gate admitted (the id that will be read).
+fn allowed_mention(ctx: &McpContext, user: &str, id: &ResourceId) -> Option<ResourceId> {
+    let admitted = ctx.admit(user, id).ok()?;
+    ctx.policy().for_user(user).decide(&admitted.resource).allowed.then(|| admitted.resource.id.clone())
 }
 
 /// Streams the answer to stdout as it arrives; Ctrl-C stops this answer only.

@@ -19,6 +19,7 @@ use crate::budget::{DEFAULT_MIN_USEFUL_TOKENS, PackInput, Packed, TokenCache, To
 use crate::cache::ContentCache;
 use crate::config::{Config, ContextSettings, MessageRole};
 use crate::error::{Error, Result};
+use crate::gate::{Admitted, Refusal, admit};
 use crate::hub::Hub;
 use crate::id::ResourceId;
 use crate::inject::inject_message;
@@ -26,6 +27,12 @@ use crate::policy::{Policy, UserPolicy};
 use crate::render::DEFAULT_PREAMBLE;
 use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
 use crate::resource::{Contents, Resource};
+
+/// How a refused requested URI is reported: exactly like one that does not
+/// exist, whatever the reason (the reason is for `policy explain` and tracing).
+fn not_found(id: &ResourceId) -> Excluded {
+    Excluded { id: id.to_string(), reason: ExcludeReason::NotFound, detail: Some(Refusal::NOT_FOUND.into()) }
+}
 
 /// Priority given to resources that carry none.
 pub const DEFAULT_PRIORITY: f32 = 0.5;
@@ -143,17 +150,34 @@ impl McpContext {
     /// see, in listing order. Nothing is read.
     pub fn visible_resources(&self, user: &str) -> Vec<Resource> {
         let up = self.policy.for_user(user);
-        self.candidates(&up).into_iter().filter(|r| up.decide(r).allowed).map(Arc::unwrap_or_clone).collect()
+        self.candidates(&up).0.into_iter().filter(|r| up.decide(r).allowed).map(Arc::unwrap_or_clone).collect()
     }
 
-    fn candidates(&self, up: &UserPolicy) -> Vec<Arc<Resource>> {
+    /// Passes a requested `server:uri` through the gate for `user` (see
+    /// [`admit`]); the policy still has to decide on the admitted resource.
+    pub fn admit(&self, user: &str, id: &ResourceId) -> std::result::Result<Admitted, Refusal> {
+        admit(&self.hub, &self.policy.for_user(user), id)
+    }
+
+    /// Every listed resource plus the user's policy includes that pass the
+    /// gate; the includes it refuses come back apart, for the report.
+    fn candidates(&self, up: &UserPolicy) -> (Vec<Arc<Resource>>, Vec<Excluded>) {
         let mut all = self.hub.resources_shared();
+        let mut refused = Vec::new();
         for inc in up.includes() {
-            if !all.iter().any(|r| &r.id == inc) {
-                all.push(Arc::new(self.hub.resource(inc).unwrap_or_else(|| Resource::unlisted(inc.clone()))));
+            match admit(&self.hub, up, inc) {
+                Ok(a) => {
+                    if !all.iter().any(|r| r.id == a.resource.id) {
+                        all.push(a.resource);
+                    }
+                }
+                Err(why) => {
+                    tracing::warn!(user = up.user(), include = %inc, reason = %why, "policy include refused by the gate");
+                    refused.push(not_found(inc));
+                }
             }
         }
-        all
+        (all, refused)
     }
 
     /// Builds the context message for a request. `Ok((None, report))` when
@@ -288,28 +312,30 @@ impl McpContext {
     /// The resources this user may see (or the `wanted` ones of them), in
     /// injection order, and what was left out and why.
     fn select(&self, up: &UserPolicy, wanted: Option<&[ResourceId]>) -> Selection {
-        let mut excluded = Vec::new();
-        let mut candidates = self.candidates(up);
-        if let Some(sel) = wanted {
-            let mut chosen = Vec::new();
-            for id in sel {
-                if chosen.iter().any(|r: &Arc<Resource>| &r.id == id) {
-                    continue;
-                }
-                match candidates.iter().find(|r| &r.id == id) {
-                    Some(r) => chosen.push(r.clone()),
-                    None if self.hub.server_index(&id.server).is_some() => {
-                        chosen.push(Arc::new(Resource::unlisted(id.clone())))
+        let (candidates, mut excluded) = match wanted {
+            None => self.candidates(up),
+            // Requested ids pass the gate: what is admitted is what the
+            // policy decides on below and what is read.
+            Some(sel) => {
+                let (mut chosen, mut excluded) = (Vec::<Arc<Resource>>::new(), Vec::new());
+                for id in sel {
+                    match admit(&self.hub, up, id) {
+                        Ok(a) if chosen.iter().any(|r| r.id == a.resource.id) => {}
+                        Ok(a) => chosen.push(a.resource),
+                        Err(Refusal::UnknownServer(server)) => excluded.push(Excluded {
+                            id: id.to_string(),
+                            reason: ExcludeReason::Error,
+                            detail: Some(format!("unknown server `{server}`")),
+                        }),
+                        Err(why) => {
+                            tracing::debug!(user = up.user(), requested = %id, reason = %why, "requested URI refused");
+                            excluded.push(not_found(id));
+                        }
                     }
-                    None => excluded.push(Excluded {
-                        id: id.to_string(),
-                        reason: ExcludeReason::Error,
-                        detail: Some(format!("unknown server `{}`", id.server)),
-                    }),
                 }
+                (chosen, excluded)
             }
-            candidates = chosen;
-        }
+        };
         let mut selected = Vec::new();
         for r in candidates {
             let d = up.decide(&r);

@@ -161,10 +161,10 @@ impl Drop for Live {
 }
 
 #[derive(Default)]
-struct Listing {
+pub(crate) struct Listing {
     /// Shared so that selections hold pointers, not copies.
-    resources: Vec<Arc<Resource>>,
-    templates: Vec<ResourceTemplate>,
+    pub(crate) resources: Vec<Arc<Resource>>,
+    pub(crate) templates: Vec<ResourceTemplate>,
     complete: bool,
     problem: Option<String>,
 }
@@ -343,6 +343,12 @@ impl Hub {
     pub fn resource(&self, id: &ResourceId) -> Option<Resource> {
         let s = self.server(&id.server).ok()?;
         read(&s.listing).resources.iter().find(|r| r.id.uri == id.uri).map(|r| Resource::clone(r))
+    }
+
+    /// One server's current listing (resources and templates), shared; `None`
+    /// for a server that is not configured.
+    pub(crate) fn listing_of(&self, server: &str) -> Option<Arc<Listing>> {
+        self.server(server).ok().map(|s| read(&s.listing).clone())
     }
 
     /// Every listed template, by server then template.

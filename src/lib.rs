@@ -26,7 +26,8 @@
 //!
 //! The pipeline, one private module per stage: `config` → `hub` (connect,
 //! list, read) → `policy` (decide before reading) → `render` → `budget` →
-//! `inject`, orchestrated by `context`; `client` wraps async-openai and
+//! `inject`, orchestrated by `context`; every *requested* `server:uri` passes
+//! one gate (`gate`: [`admit`]) before the policy decides on it; `client` wraps async-openai and
 //! `tools` offers the model-driven path.
 
 #![warn(missing_docs)]
@@ -38,6 +39,7 @@ mod config;
 mod context;
 pub mod demo;
 mod error;
+mod gate;
 mod hub;
 mod id;
 mod inject;
@@ -53,6 +55,7 @@ pub use client::{ContextClient, ToolLoop};
 pub use config::{Config, ContextSettings, ENV_ALLOWLIST, MessageRole, ServerConfig, Transport};
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
+pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
 pub use hub::{Hub, HubEvent, ServerFailure, ServerStatus};
 pub use id::ResourceId;
 pub use inject::{MESSAGE_NAME, inject_message, is_context_message};

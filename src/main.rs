@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use mcp_context::{Config, ContextRequest, Hub, McpContext, Policy, ResourceId, render_text};
+use mcp_context::{Config, ContextRequest, Hub, McpContext, Policy, ResourceId, Via, render_text};
 
 /// Give LLM calls the context your MCP servers hold.
 #[derive(Parser)]
@@ -202,15 +202,33 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let config = only_server(config, Some(&id.server))?;
             with_hub(&config, |hub| async move {
-                let resource = hub.resource(&id);
-                let listed = resource.is_some();
-                let resource = resource.unwrap_or_else(|| mcp_context::Resource::unlisted(id.clone()));
-                let d = policy.for_user(&user).decide(&resource);
+                // The same gate as every other requested URI: decide on what would be read.
+                let up = policy.for_user(&user);
                 let mut out = std::io::stdout().lock();
-                writeln!(out, "{} {} for user {}", if d.allowed { "ALLOW" } else { "DENY" }, id, user)?;
-                writeln!(out, "  {}", d.detail())?;
-                if !listed {
-                    writeln!(out, "  note: {id} is not in the server's listing; decided on its id alone")?;
+                match mcp_context::admit(&hub, &up, &id) {
+                    Err(why) => {
+                        writeln!(out, "DENY {id} for user {user}")?;
+                        writeln!(out, "  refused before the policy: {why}")?;
+                        writeln!(
+                            out,
+                            "  a requested URI must be listed by the server, expand one of its templates, or be a \
+                             policy include, with no dot segment, encoded separator, backslash or empty segment"
+                        )?;
+                    }
+                    Ok(admitted) => {
+                        let r = &admitted.resource;
+                        let d = up.decide(r);
+                        writeln!(out, "{} {} for user {}", if d.allowed { "ALLOW" } else { "DENY" }, r.id, user)?;
+                        writeln!(out, "  {}", d.detail())?;
+                        if r.id != id {
+                            writeln!(out, "  note: requested as {id}; decided on (and read as) {}", r.id)?;
+                        }
+                        match admitted.via {
+                            Via::Listing => {}
+                            Via::Template(t) => writeln!(out, "  note: not listed; an expansion of the template {t}")?,
+                            Via::Include => writeln!(out, "  note: not listed; one of this user's policy includes")?,
+                        }
+                    }
                 }
                 Ok(ExitCode::SUCCESS)
             })

@@ -42,6 +42,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::gate::{canonical_glob, canonical_uri};
 use crate::id::{ResourceId, quote};
 use crate::resource::Resource;
 
@@ -438,7 +439,7 @@ struct Rule {
 impl Rule {
     fn matches(&self, r: &Resource) -> bool {
         self.server.is_match(&r.id.server)
-            && self.uri.is_match(&r.id.uri)
+            && self.uri.is_match(&canonical_uri(&r.id.uri))
             && match &self.mime {
                 None => true,
                 Some(p) => r.mime_type.as_deref().is_some_and(|m| p.is_match(m)),
@@ -477,6 +478,19 @@ impl Pattern {
     }
 
     fn compile(text: &str) -> std::result::Result<Self, String> {
+        Self::compile_as(text, text)
+    }
+
+    /// A `uri` glob: matched against canonical URIs, so its own scheme and
+    /// host are lower-cased first (`SECRET://**` is `secret://**`).
+    fn compile_uri(text: &str) -> std::result::Result<Self, String> {
+        Self::compile_as(text, &canonical_glob(text))
+    }
+
+    /// Compiles `glob`, shown to people as `text`.
+    fn compile_as(text: &str, glob_src: &str) -> std::result::Result<Self, String> {
+        let text_shown = text;
+        let text = glob_src;
         let matcher = if text.len() >= 2 && text.bytes().all(|b| b == b'*') {
             Matcher::Any
         } else if text == "*" {
@@ -510,7 +524,7 @@ impl Pattern {
             }
             Matcher::Globs(globs)
         };
-        Ok(Pattern { text: text.to_owned(), matcher })
+        Ok(Pattern { text: text_shown.to_owned(), matcher })
     }
 
     fn is_match(&self, s: &str) -> bool {
@@ -621,9 +635,12 @@ struct RawUser {
 #[serde(deny_unknown_fields, expecting = "a rule: a mapping such as { server: demo, uri: \"demo://**\" }")]
 struct RawRule {
     server: Option<Pattern>,
-    uri: Option<Pattern>,
+    uri: Option<UriPattern>,
     mime: Option<Pattern>,
 }
+
+/// A `uri` glob, compiled for canonical URIs (see [`Pattern::compile_uri`]).
+struct UriPattern(Pattern);
 
 /// `max_tokens`, at least 1.
 struct MaxTokens(usize);
@@ -679,18 +696,27 @@ impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Entries<T> {
 
 impl<'de> Deserialize<'de> for Pattern {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Pattern;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a glob pattern string")
-            }
-            // Validating inside the visitor makes serde_yaml blame the scalar's position.
-            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Pattern, E> {
-                Pattern::compile(v).map_err(E::custom)
-            }
-        }
-        d.deserialize_str(V)
+        d.deserialize_str(PatternVisitor(Pattern::compile))
+    }
+}
+
+impl<'de> Deserialize<'de> for UriPattern {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_str(PatternVisitor(Pattern::compile_uri)).map(UriPattern)
+    }
+}
+
+/// Compiles a glob while deserializing it.
+struct PatternVisitor(fn(&str) -> std::result::Result<Pattern, String>);
+
+impl Visitor<'_> for PatternVisitor {
+    type Value = Pattern;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a glob pattern string")
+    }
+    // Validating inside the visitor makes serde_yaml blame the scalar's position.
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Pattern, E> {
+        (self.0)(v).map_err(E::custom)
     }
 }
 
@@ -920,7 +946,7 @@ impl Owner<'_> {
                 };
                 Rule {
                     server: r.server.unwrap_or_else(|| Pattern { text: "*".into(), matcher: Matcher::NoSlash }),
-                    uri: r.uri.unwrap_or_else(Pattern::any),
+                    uri: r.uri.map_or_else(Pattern::any, |u| u.0),
                     mime: r.mime,
                     reference,
                 }
@@ -931,10 +957,11 @@ impl Owner<'_> {
 
 /// The rule as written: the fields given, in a fixed order, quoted.
 fn canonical(r: &RawRule) -> String {
-    let fields: Vec<String> = [("server", &r.server), ("uri", &r.uri), ("mime", &r.mime)]
-        .into_iter()
-        .filter_map(|(k, v)| v.as_ref().map(|p| format!("{k}: {}", json_quote(&p.text))))
-        .collect();
+    let fields: Vec<String> =
+        [("server", r.server.as_ref()), ("uri", r.uri.as_ref().map(|u| &u.0)), ("mime", r.mime.as_ref())]
+            .into_iter()
+            .filter_map(|(k, v)| v.as_ref().map(|p| format!("{k}: {}", json_quote(&p.text))))
+            .collect();
     if fields.is_empty() { "{}".into() } else { format!("{{ {} }}", fields.join(", ")) }
 }
 
@@ -1685,6 +1712,8 @@ users:
         "demo**b",
         "demo://a/**/b",
         "**a**",
+        "SECRET://**",
+        "Demo://A/**",
     ];
     const MIME_GLOBS: &[&str] = &["image/*", "text/*", "*", "**", "*/p*"];
     const SERVERS: &[&str] = &["demo", "crm", "d"];
@@ -1701,6 +1730,9 @@ users:
         "demo://a//b",
         "demo://",
         "x",
+        "SECRET://a/b",
+        "Demo://A/b",
+        "DEMO://a",
     ];
     const MIMES: &[&str] = &["text/plain", "image/png", "application/pdf"];
 
@@ -1731,7 +1763,8 @@ users:
     fn rule_ref_matches((server, uri, mime): &TestRule, r: &Resource) -> bool {
         let g = |p: &str, s: &str| glob_ref(&p.chars().collect::<Vec<_>>(), &s.chars().collect::<Vec<_>>());
         g(server.unwrap_or("*"), &r.id.server)
-            && g(uri.unwrap_or("**"), &r.id.uri)
+            // Globs match canonical URIs: scheme and host case-insensitively.
+            && g(&canonical_glob(uri.unwrap_or("**")), &canonical_uri(&r.id.uri))
             && mime.is_none_or(|m| r.mime_type.as_deref().is_some_and(|t| g(m, t)))
     }
 

@@ -11,7 +11,7 @@ use crate::hub::ServerFailure;
 
 /// Why a resource is not in the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum ExcludeReason {
     /// The user's policy does not allow it (it was never read).
     Denied,
@@ -21,6 +21,11 @@ pub enum ExcludeReason {
     Budget,
     /// Reading it failed.
     Error,
+    /// It was requested (selected, mentioned, included) but the server does
+    /// not offer it: not listed, not an expansion of a listed template, not a
+    /// policy include, or spelled so that a server could read something
+    /// else (see [`admit`](crate::admit)). It was never read.
+    NotFound,
 }
 
 impl fmt::Display for ExcludeReason {
@@ -30,6 +35,7 @@ impl fmt::Display for ExcludeReason {
             ExcludeReason::Audience => "audience",
             ExcludeReason::Budget => "budget",
             ExcludeReason::Error => "error",
+            ExcludeReason::NotFound => "not found",
         })
     }
 }

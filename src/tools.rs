@@ -177,15 +177,16 @@ impl McpContext {
         };
         let not_found =
             || (format!("Error: Resource not found for URI: {uri}"), true, "Resource not found.".to_string());
-        let Ok(id) = ResourceId::parse(uri) else { return not_found() };
-        if self.hub().server_index(&id.server).is_none() {
-            return not_found();
-        }
-        let resource = self.hub().resource(&id).unwrap_or_else(|| Resource::unlisted(id.clone()));
+        let Ok(requested) = ResourceId::parse(uri) else { return not_found() };
+        // The gate first: the policy decides on what would be read, and a
+        // refused spelling is answered like a resource that does not exist.
+        let Ok(admitted) = self.admit(user, &requested) else { return not_found() };
+        let resource = admitted.resource;
         if !self.policy().for_user(user).decide(&resource).allowed {
             return not_found();
         }
-        match self.content_cache().read(&id, user).await {
+        let id = &resource.id;
+        match self.content_cache().read(id, user).await {
             Ok(c) => {
                 let text = render_text(&c.contents, resource.mime_type.as_deref());
                 let cap = self.settings().tool_result_max_tokens;

@@ -51,6 +51,46 @@ pub struct Options {
     pub flood: usize,
     /// List fx://hang (but not fx://exit).
     pub list_hang: bool,
+    /// Also serve a small file tree and a secret the way real servers read
+    /// URIs: normalised first ([`resolve`]: scheme and host lower-cased,
+    /// percent-decoded, `\` as `/`, dot and empty segments resolved), then
+    /// looked up. The read log records the resolved URI. Templates
+    /// `file:///{+path}` and `acc://users/{id}`.
+    pub fs: bool,
+}
+
+/// What the `--fs` server serves, by resolved URI.
+pub const FS_FILES: &[(&str, &str)] = &[
+    ("file:///docs/readme.txt", "readme: public docs"),
+    ("file:///docs/sub/guide.md", "guide: how to"),
+    ("file:///secrets/key.txt", "KEY-CANARY-93c1"),
+    ("secret://payroll", "PAYROLL-CANARY-5e7a"),
+    ("acc://public/report", "report: quarterly"),
+];
+
+/// How file-like servers resolve a requested URI before reading it: the
+/// scheme and host lower-cased (the Python SDK's URL type does this),
+/// percent-decoded once, backslashes taken as `/`, and the path's dot and
+/// empty segments resolved.
+pub fn resolve(uri: &str) -> String {
+    let (scheme, rest) = uri.split_once(':').unwrap_or(("", uri));
+    let rest = percent_encoding::percent_decode_str(rest).decode_utf8_lossy().replace('\\', "/");
+    let (host, path) = match rest.strip_prefix("//") {
+        Some(r) => r.split_once('/').map_or((r, ""), |(h, p)| (h, p)),
+        None => ("", rest.as_str()),
+    };
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let path = if segments.is_empty() { String::new() } else { format!("/{}", segments.join("/")) };
+    format!("{}://{}{path}", scheme.to_ascii_lowercase(), host.to_ascii_lowercase())
 }
 
 /// A subscribed URI and the client to notify.
@@ -128,6 +168,9 @@ impl Fixture {
         }
         if self.opts.list_hang && !self.opts.specials {
             v.push((format!("{p}fx://hang"), Some("text/plain")));
+        }
+        if self.opts.fs {
+            v.extend(FS_FILES.iter().map(|(u, _)| (u.to_string(), Some("text/plain"))));
         }
         if self.opts.specials {
             for (u, m) in [
@@ -283,7 +326,12 @@ impl ServerHandler for Fixture {
         if self.opts.no_templates {
             return Err(ErrorData::new(ErrorCode::METHOD_NOT_FOUND, "no templates", None));
         }
-        Ok(ListResourceTemplatesResult::with_all_items(vec![ResourceTemplate::new("fx://user/{id}", "user")]))
+        let mut templates = vec![ResourceTemplate::new("fx://user/{id}", "user")];
+        if self.opts.fs {
+            templates.push(ResourceTemplate::new("file:///{+path}", "file"));
+            templates.push(ResourceTemplate::new("acc://users/{id}", "account"));
+        }
+        Ok(ListResourceTemplatesResult::with_all_items(templates))
     }
 
     async fn read_resource(
@@ -292,6 +340,21 @@ impl ServerHandler for Fixture {
         cx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let uri = request.uri;
+        if self.opts.fs {
+            let resolved = resolve(&uri);
+            if let Some((_, text)) = FS_FILES.iter().find(|(u, _)| *u == resolved) {
+                self.record(&resolved);
+                return Ok(ReadResourceResult::new(vec![ResourceContents::text(*text, uri.as_str())]).into());
+            }
+            if let Some(id) = resolved.strip_prefix("acc://users/") {
+                self.record(&resolved);
+                return Ok(ReadResourceResult::new(vec![ResourceContents::text(
+                    format!("account {id}"),
+                    uri.as_str(),
+                )])
+                .into());
+            }
+        }
         self.record(&uri);
         let local = uri.strip_prefix(self.opts.prefix.as_str()).unwrap_or(&uri).to_owned();
         let t = |s: String| ResourceContents::text(s, uri.as_str());

@@ -3,7 +3,7 @@
 //! Flags configure the workload (see `fixture.rs`) and process-level faults:
 //! `--exit-at-start`, `--hang-init` (never answers), `--garbage` (writes
 //! non-JSON to stdout first), `--ignore-term` (ignores SIGTERM and stdin EOF),
-//! `--grandchild` (spawns a long-lived child in its process group, pid written
+//! `--fs` (a normalising file-like server), `--grandchild` (spawns a long-lived child in its process group, pid written
 //! to `--pid-file`).
 
 #[path = "fixture.rs"]
@@ -60,6 +60,7 @@ fn main() {
         private: flag("--private"),
         flood: num("--flood", 0),
         list_hang: flag("--hang"),
+        fs: flag("--fs"),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {

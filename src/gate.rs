@@ -1,0 +1,363 @@
+//! The one gate for *requested* URIs.
+//!
+//! A `server:uri` that somebody asks for (`preview --select`, an `@server:uri`
+//! mention, the model's `read_mcp_resource` call, a policy `include`, a
+//! proxied request) is not a resource the server listed: it is a string, and
+//! servers normalise strings before they read them (the official Python SDK
+//! lower-cases the scheme; file servers percent-decode and resolve `..`). A
+//! policy that decided on the raw string would decide on something other than
+//! what the server reads. So every requested URI passes [`admit`] first, and
+//! is admitted only as one of:
+//!
+//! 1. **a listed resource**: exactly a URI in the server's current listing,
+//!    or one equal to it once scheme and host are lower-cased. The listing
+//!    entry (with its MIME type) is what the policy decides on and what is
+//!    read;
+//! 2. **an expansion of a listed template** (RFC 6570 levels 1 and 2, as MCP
+//!    uses them: a `{var}` value never contains `/`, `?` or `#`; a `{+var}` or
+//!    `{#var}` value may contain `/`; other operators are not matched, so
+//!    such templates admit nothing), that passes [`hygiene`];
+//! 3. **one of the user's policy `include` entries** (operator-configured,
+//!    `{user}` expanded URL-encoded), that passes [`hygiene`] too.
+//!
+//! Anything else is refused and answered exactly like a resource that does
+//! not exist: same text, never read. For cases 2 and 3 the canonical form
+//! ([`canonical_uri`]: scheme and host lower-cased, nothing else rewritten)
+//! is both what the policy decides on and what goes into `resources/read`.
+//! For case 1 the listed spelling is sent: it is the server's own name for
+//! the resource, equal to the canonical form under RFC 3986.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::hub::Hub;
+use crate::id::ResourceId;
+use crate::policy::UserPolicy;
+use crate::resource::Resource;
+
+/// How a requested URI was admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Via {
+    /// It is in the server's listing.
+    Listing,
+    /// It expands this listed template.
+    Template(String),
+    /// It is one of the user's policy `include` entries.
+    Include,
+}
+
+/// A requested URI that passed the gate: the resource to decide on and read.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    /// The listing entry, or (for template expansions and includes) a
+    /// resource known by its canonical id only.
+    pub resource: Arc<Resource>,
+    /// Why it was admitted.
+    pub via: Via,
+}
+
+/// Why a requested URI was refused. Callers answer every refusal the same
+/// way, as "not found" ([`Refusal::NOT_FOUND`]); the variants are for the
+/// operator (`policy explain`, tracing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// No server of that name is configured.
+    UnknownServer(String),
+    /// Not listed, no listed template expands to it, and no include names it.
+    NotOffered,
+    /// A `.` or `..` path segment (after percent-decoding once).
+    DotSegment,
+    /// A percent-encoded `.`, `/` or `\` (before or after decoding once).
+    EncodedSeparator,
+    /// A backslash (after percent-decoding once).
+    Backslash,
+    /// An empty path segment (`a//b`, a trailing `/`).
+    EmptySegment,
+    /// A control character (after percent-decoding once).
+    ControlCharacter,
+}
+
+impl Refusal {
+    /// What every refusal is reported as, to users, clients and models.
+    pub const NOT_FOUND: &'static str =
+        "not found: not in the server's listing, not an expansion of one of its templates, not a policy include";
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::UnknownServer(s) => write!(f, "unknown server `{s}`"),
+            Refusal::NotOffered => f.write_str(Refusal::NOT_FOUND),
+            Refusal::DotSegment => f.write_str("it contains a `.` or `..` path segment"),
+            Refusal::EncodedSeparator => f.write_str("it contains a percent-encoded `.`, `/` or `\\`"),
+            Refusal::Backslash => f.write_str("it contains a backslash"),
+            Refusal::EmptySegment => f.write_str("it contains an empty path segment"),
+            Refusal::ControlCharacter => f.write_str("it contains a control character"),
+        }
+    }
+}
+
+/// Passes a requested `server:uri` through the gate for `user` (see the
+/// module doc). Nothing is read; the policy has not decided yet: call
+/// [`UserPolicy::decide`] on the admitted resource.
+pub fn admit(hub: &Hub, user: &UserPolicy, id: &ResourceId) -> Result<Admitted, Refusal> {
+    let Some(listing) = hub.listing_of(&id.server) else {
+        return Err(Refusal::UnknownServer(id.server.clone()));
+    };
+    if let Some(r) = listing.resources.iter().find(|r| r.id.uri == id.uri) {
+        return Ok(Admitted { resource: r.clone(), via: Via::Listing });
+    }
+    let canonical = canonical_uri(&id.uri);
+    if let Some(r) = listing.resources.iter().find(|r| canonical_uri(&r.id.uri) == canonical) {
+        return Ok(Admitted { resource: r.clone(), via: Via::Listing });
+    }
+    hygiene(&canonical)?;
+    let unlisted = || Arc::new(Resource::unlisted(ResourceId::from_listing(&id.server, &canonical)));
+    if user.includes().iter().any(|inc| inc.server == id.server && canonical_uri(&inc.uri) == canonical) {
+        return Ok(Admitted { resource: unlisted(), via: Via::Include });
+    }
+    match listing.templates.iter().find(|t| expands(&t.uri_template, &canonical)) {
+        Some(t) => Ok(Admitted { resource: unlisted(), via: Via::Template(t.uri_template.clone()) }),
+        None => Err(Refusal::NotOffered),
+    }
+}
+
+/// Whether `uri` (canonical) is an expansion of `template`.
+fn expands(template: &str, uri: &str) -> bool {
+    template_matches(&canonical_uri(template), uri)
+}
+
+/// Scheme and host lower-cased (RFC 3986 §3.1, §3.2.2: both are
+/// case-insensitive); nothing else is rewritten: paths stay case-sensitive
+/// and percent-encodings stay as they are. Borrowed when already canonical.
+pub fn canonical_uri(uri: &str) -> Cow<'_, str> {
+    canonical(uri, |b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+}
+
+/// The same for a policy glob: its scheme may hold glob characters too.
+pub(crate) fn canonical_glob(glob: &str) -> Cow<'_, str> {
+    canonical(glob, |b| !matches!(b, b'/' | b':' | b'#' | b'?' | b'@'))
+}
+
+fn canonical(s: &str, scheme_byte: impl Fn(u8) -> bool) -> Cow<'_, str> {
+    let Some(colon) = s.find(':') else { return Cow::Borrowed(s) };
+    if colon == 0 || !s.as_bytes()[..colon].iter().all(|b| scheme_byte(*b)) {
+        return Cow::Borrowed(s);
+    }
+    // The host: after `//` and any `user@`, up to the path, query or fragment.
+    let host = s[colon + 1..].strip_prefix("//").map(|rest| {
+        let start = colon + 3;
+        let end = start + rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let host_start = s[start..end].rfind('@').map_or(start, |at| start + at + 1);
+        (host_start, end)
+    });
+    let needs = |r: std::ops::Range<usize>| s.as_bytes()[r].iter().any(u8::is_ascii_uppercase);
+    if !needs(0..colon) && host.is_none_or(|(a, b)| !needs(a..b)) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = s.as_bytes().to_vec();
+    out[..colon].make_ascii_lowercase();
+    if let Some((a, b)) = host {
+        out[a..b].make_ascii_lowercase();
+    }
+    // Only ASCII bytes changed, so this is still UTF-8.
+    Cow::Owned(String::from_utf8(out).unwrap_or_else(|_| s.to_owned()))
+}
+
+/// The checks a requested URI that is not listed must pass: after
+/// percent-decoding once, no dot segment, no percent-encoded `.`, `/` or
+/// `\` (before or after decoding: double encoding is refused too), no
+/// backslash, no empty path segment (a trailing `/` is one), no control
+/// character. These are the spellings that servers resolve to a resource
+/// other than the one the string seems to name.
+pub fn hygiene(uri: &str) -> Result<(), Refusal> {
+    let encoded_separator = |s: &str| {
+        ["%2e", "%2f", "%5c"].iter().any(|e| s.as_bytes().windows(3).any(|w| w.eq_ignore_ascii_case(e.as_bytes())))
+    };
+    if encoded_separator(uri) {
+        return Err(Refusal::EncodedSeparator);
+    }
+    let decoded = percent_encoding::percent_decode_str(uri).decode_utf8_lossy();
+    if encoded_separator(&decoded) {
+        return Err(Refusal::EncodedSeparator);
+    }
+    if decoded.contains('\\') {
+        return Err(Refusal::Backslash);
+    }
+    if decoded.chars().any(char::is_control) {
+        return Err(Refusal::ControlCharacter);
+    }
+    // What follows the scheme (and the authority, when there is one).
+    let rest = match decoded.split_once(':') {
+        Some((scheme, rest)) if !scheme.is_empty() && !scheme.contains('/') => rest,
+        _ => &decoded[..],
+    };
+    let path_and_more = match rest.strip_prefix("//") {
+        Some(after) => &after[after.find(['/', '?', '#']).unwrap_or(after.len())..],
+        None => rest,
+    };
+    if path_and_more.split(['/', '?', '#', '&', '=', ';']).any(|seg| seg == "." || seg == "..") {
+        return Err(Refusal::DotSegment);
+    }
+    let path = &path_and_more[..path_and_more.find(['?', '#']).unwrap_or(path_and_more.len())];
+    let mut segments = path.split('/');
+    if path.starts_with('/') {
+        segments.next();
+    }
+    if !path.is_empty() && segments.any(str::is_empty) {
+        return Err(Refusal::EmptySegment);
+    }
+    Ok(())
+}
+
+/// One piece of a parsed template.
+enum Piece<'a> {
+    Literal(&'a str),
+    /// A variable; `reserved` (`{+var}`, `{#var}`) lets its value hold `/`.
+    Var {
+        reserved: bool,
+    },
+}
+
+/// Parses an RFC 6570 level 1-2 template; `None` for anything else
+/// (operators `/ . ; ? &`, several variables, modifiers, stray braces).
+fn parse_template(t: &str) -> Option<Vec<Piece<'_>>> {
+    let mut pieces = Vec::new();
+    let mut rest = t;
+    while let Some(open) = rest.find('{') {
+        if rest[..open].contains('}') {
+            return None;
+        }
+        if open > 0 {
+            pieces.push(Piece::Literal(&rest[..open]));
+        }
+        let close = open + rest[open..].find('}')?;
+        let expr = &rest[open + 1..close];
+        let (op, name) = match expr.as_bytes().first()? {
+            b'+' => (Some('+'), &expr[1..]),
+            b'#' => (Some('#'), &expr[1..]),
+            _ => (None, expr),
+        };
+        let valid_name =
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'%' || b == b'.');
+        if !valid_name {
+            return None;
+        }
+        if op == Some('#') {
+            pieces.push(Piece::Literal("#"));
+        }
+        pieces.push(Piece::Var { reserved: op.is_some() });
+        rest = &rest[close + 1..];
+    }
+    if rest.contains('}') {
+        return None;
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Literal(rest));
+    }
+    Some(pieces)
+}
+
+/// Whether `uri` is an expansion of `template`: literals match exactly,
+/// each variable one or more characters (never `/` for `{var}`, never `?`
+/// or `#` for any). Runs in O(pieces × length): the set of positions
+/// reachable after each piece, no backtracking.
+fn template_matches(template: &str, uri: &str) -> bool {
+    let Some(pieces) = parse_template(template) else { return false };
+    let s = uri.as_bytes();
+    let mut reach = vec![false; s.len() + 1];
+    reach[0] = true;
+    for piece in &pieces {
+        let mut next = vec![false; s.len() + 1];
+        match piece {
+            Piece::Literal(lit) => {
+                for p in 0..s.len() {
+                    if reach[p] && s[p..].starts_with(lit.as_bytes()) {
+                        next[p + lit.len()] = true;
+                    }
+                }
+            }
+            Piece::Var { reserved } => {
+                let allowed = |b: u8| !matches!(b, b'?' | b'#') && (*reserved || b != b'/');
+                let mut running = false;
+                for p in 0..s.len() {
+                    running |= reach[p];
+                    if !allowed(s[p]) {
+                        running = false;
+                    } else if running {
+                        next[p + 1] = true;
+                    }
+                }
+            }
+        }
+        reach = next;
+    }
+    reach[s.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_lowercases_scheme_and_host_only() {
+        assert_eq!(canonical_uri("SECRET://payroll"), "secret://payroll");
+        assert_eq!(canonical_uri("Secret://PayRoll/Path/X"), "secret://payroll/Path/X");
+        assert_eq!(canonical_uri("HTTP://User@EXAMPLE.com:80/A?B#C"), "http://User@example.com:80/A?B#C");
+        assert_eq!(canonical_uri("file:///Docs/A"), "file:///Docs/A");
+        assert_eq!(canonical_uri("URN:ISBN:ABC"), "urn:ISBN:ABC");
+        assert!(matches!(canonical_uri("demo://docs/guide"), Cow::Borrowed(_)));
+        // Not a scheme: left alone.
+        assert_eq!(canonical_uri("A/B:C"), "A/B:C");
+        assert_eq!(canonical_glob("SECRET://**"), "secret://**");
+        assert_eq!(canonical_glob("*://HOST/**"), "*://host/**");
+        assert_eq!(canonical_glob("**"), "**");
+    }
+
+    #[test]
+    fn hygiene_refuses_traversal_spellings() {
+        for (uri, why) in [
+            ("file:///docs/../secrets/key.txt", Refusal::DotSegment),
+            ("file:///docs/%2e%2e/secrets/key.txt", Refusal::EncodedSeparator),
+            ("file:///docs/%2E%2E/secrets/key.txt", Refusal::EncodedSeparator),
+            ("file:///docs/..%2fsecrets/key.txt", Refusal::EncodedSeparator),
+            ("file:///docs/%252e%252e/secrets", Refusal::EncodedSeparator),
+            ("file:///docs/./../secrets/key.txt", Refusal::DotSegment),
+            ("file:///docs/..\\secrets\\key.txt", Refusal::Backslash),
+            ("file:///docs/%5csecrets", Refusal::EncodedSeparator),
+            ("file:///docs//..//secrets/key.txt", Refusal::DotSegment),
+            ("file:///docs//secrets", Refusal::EmptySegment),
+            ("file:///docs/", Refusal::EmptySegment),
+            ("file:///docs/a%00b", Refusal::ControlCharacter),
+            ("file:///docs/a%0Ab", Refusal::ControlCharacter),
+            ("demo:..", Refusal::DotSegment),
+            ("x://h/a?path=..", Refusal::DotSegment),
+        ] {
+            assert_eq!(hygiene(uri), Err(why), "{uri}");
+        }
+        for ok in
+            ["file:///docs/readme.txt", "file:///docs/sub/a.b.txt", "demo://users/bob/profile", "urn:a:b", "x://h"]
+        {
+            assert_eq!(hygiene(ok), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn templates_level_1_and_2() {
+        assert!(template_matches("demo://users/{user}/profile", "demo://users/bob/profile"));
+        assert!(!template_matches("demo://users/{user}/profile", "demo://users/a/b/profile"));
+        assert!(!template_matches("demo://users/{user}/profile", "demo://users//profile"));
+        assert!(template_matches("file:///{+path}", "file:///docs/sub/a.txt"));
+        assert!(!template_matches("file:///{+path}", "file:///docs?x"));
+        assert!(template_matches("x://{a}-{b}", "x://1-2-3"));
+        assert!(template_matches("x://p{#frag}", "x://p#a/b"));
+        assert!(!template_matches("x://p{#frag}", "x://p"));
+        // Level 3 and 4, and broken templates, match nothing.
+        for t in ["x://s{?q}", "x://{a,b}", "x://{/p}", "x://{a:3}", "x://{a*}", "x://{a", "x://a}", "x://{}"] {
+            assert!(!template_matches(t, "x://s?q=1"), "{t}");
+            assert!(parse_template(t).is_none(), "{t}");
+        }
+    }
+}
