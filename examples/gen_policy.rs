@@ -38,6 +38,14 @@ fn main() {
         shape.seed = v as u64;
     }
     let yaml = policy_gen::generate(&shape);
-    eprintln!("{} roles x {} rules, {} users x {} roles: {} rules, {} bytes", shape.roles, shape.rules_per_role, shape.users, shape.roles_per_user, shape.rules(), yaml.len());
+    eprintln!(
+        "{} roles x {} rules, {} users x {} roles: {} rules, {} bytes",
+        shape.roles,
+        shape.rules_per_role,
+        shape.users,
+        shape.roles_per_user,
+        shape.rules(),
+        yaml.len()
+    );
     std::io::stdout().lock().write_all(yaml.as_bytes()).expect("write");
 }

@@ -31,12 +31,13 @@
 //! `k` runs thus becomes `2^k` globs, of which any may match; `k` is capped at
 //! [`MAX_RECURSIVE_RUNS`].
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use globset::{GlobBuilder, GlobMatcher};
+use globset::{Candidate, Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -69,6 +70,7 @@ pub struct Policy {
     default_roles: Vec<String>,
     roles: BTreeMap<String, Arc<Grant>>,
     users: BTreeMap<String, UserEntry>,
+    servers: Arc<Index>,
 }
 
 /// What one user may see: the compiled rules of the user and their roles.
@@ -80,6 +82,7 @@ pub struct UserPolicy {
     known: bool,
     /// The user's own grant first, then each role's, in role order.
     grants: Vec<Arc<Grant>>,
+    servers: Arc<Index>,
     max_tokens: Option<usize>,
     includes: Vec<ResourceId>,
 }
@@ -213,6 +216,8 @@ impl Policy {
             server: Pattern::any(),
             uri: Pattern::any(),
             mime: None,
+            mime_params: false,
+            shared: [0; FIELDS],
             reference: RuleRef {
                 file: file.clone(),
                 line: None,
@@ -222,12 +227,16 @@ impl Policy {
                 rule: r#"{ server: "*", uri: "**" }"#.into(),
             },
         };
-        let grant = Grant { allow: vec![rule], ..Grant::default() };
+        let mut servers = Index::default();
+        // One rule with plain globs: nothing to compile, nothing can fail.
+        let allow = RuleSet::new(vec![rule], &mut servers).unwrap_or_default();
+        let grant = Grant { allow, ..Grant::default() };
         Policy {
             files: vec![file],
             default_roles: vec!["all".into()],
             roles: BTreeMap::from([("all".to_owned(), Arc::new(grant))]),
             users: BTreeMap::new(),
+            servers: Arc::new(servers),
         }
     }
 
@@ -255,7 +264,8 @@ impl Policy {
             ResourceId::new(inc.server.clone(), inc.uri.replace(USER_PLACEHOLDER, &encoded)).ok()
         });
         let includes = dedup(expanded.collect());
-        UserPolicy { user: user.to_owned(), roles, known: entry.is_some(), grants, max_tokens, includes }
+        let servers = Arc::clone(&self.servers);
+        UserPolicy { user: user.to_owned(), roles, known: entry.is_some(), grants, servers, max_tokens, includes }
     }
 
     /// Summary for `mcp-context policy check`.
@@ -306,8 +316,16 @@ impl UserPolicy {
     /// resource without a listed MIME type never matches such a rule (an
     /// allow-by-MIME does not let it in, a deny-by-MIME does not keep it out;
     /// use a `uri` rule where that matters).
+    ///
+    /// MIME rules match the type/subtype without parameters,
+    /// case-insensitively (`text/html` matches `Text/HTML; profile=mcp-app`);
+    /// a rule that names parameters (`text/html;profile=mcp-app`) is matched
+    /// against the whole type instead.
     pub fn decide(&self, resource: &Resource) -> Decision {
-        let first = |effect: Effect| self.grants.iter().flat_map(|g| g.rules(effect)).find(|r| r.matches(resource));
+        let subject = Subject::new(resource, &self.servers);
+        // Grants in order (own, then roles), rules in file order: the first
+        // match is the rule reported.
+        let first = |effect: Effect| self.grants.iter().find_map(|g| g.set(effect).first_match(&subject));
         if let Some(rule) = first(Effect::Deny) {
             return Decision { allowed: false, rule: Some(rule.reference.clone()) };
         }
@@ -327,6 +345,14 @@ impl UserPolicy {
     /// own includes, then their roles', `{user}` expanded, without duplicates.
     pub fn includes(&self) -> &[ResourceId] {
         &self.includes
+    }
+
+    /// What this user's decisions and includes depend on (see [`DecisionKey`]).
+    pub(crate) fn decision_key(&self) -> DecisionKey {
+        DecisionKey {
+            grants: self.grants.iter().filter(|g| g.allow.len() + g.deny.len() > 0).map(|g| g.id).collect(),
+            includes: self.includes.clone(),
+        }
     }
 
     /// Like [`Decision::detail`], but says who was asked when no rule matched:
@@ -404,22 +430,54 @@ impl fmt::Display for PolicySummary {
 // Compiled form
 // ---------------------------------------------------------------------------
 
-/// The rules and extras of one role, or of one user's own entry.
-#[derive(Debug, Default)]
+/// The rules and extras of one role, or of one user's own entry. Compiled
+/// once at load and shared (`Arc`) by every user who has it.
+#[derive(Debug)]
 struct Grant {
-    allow: Vec<Rule>,
-    deny: Vec<Rule>,
+    /// Unique in the process: what [`DecisionKey`] identifies the grant by.
+    id: u64,
+    allow: RuleSet,
+    deny: RuleSet,
     max_tokens: Option<usize>,
     includes: Vec<Include>,
 }
 
+impl Default for Grant {
+    fn default() -> Self {
+        Grant {
+            id: NEXT_GRANT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            allow: RuleSet::default(),
+            deny: RuleSet::default(),
+            max_tokens: None,
+            includes: Vec::new(),
+        }
+    }
+}
+
+static NEXT_GRANT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 impl Grant {
-    fn rules(&self, effect: Effect) -> &[Rule] {
+    fn set(&self, effect: Effect) -> &RuleSet {
         match effect {
             Effect::Allow => &self.allow,
             Effect::Deny => &self.deny,
         }
     }
+
+    #[cfg(test)]
+    fn rules(&self, effect: Effect) -> &[Rule] {
+        &self.set(effect).rules
+    }
+}
+
+/// What a user's decisions and includes depend on: the grants with rules,
+/// in decision order, and the expanded includes. Users with equal keys see
+/// exactly the same resources, decided by the same rules, so a selection
+/// made for one serves them all.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct DecisionKey {
+    grants: Vec<u64>,
+    includes: Vec<ResourceId>,
 }
 
 #[derive(Debug)]
@@ -433,18 +491,331 @@ struct Rule {
     server: Pattern,
     uri: Pattern,
     mime: Option<Pattern>,
+    /// The `mime` glob names parameters (`;`): match it against the whole
+    /// MIME type rather than its type/subtype.
+    mime_params: bool,
+    /// Per [`Field`]: the number of a general `server`/`mime` glob in [`Index`].
+    shared: [u32; FIELDS],
     reference: RuleRef,
 }
 
-impl Rule {
-    fn matches(&self, r: &Resource) -> bool {
-        self.server.is_match(&r.id.server)
-            && self.uri.is_match(&canonical_uri(&r.id.uri))
-            && match &self.mime {
-                None => true,
-                Some(p) => r.mime_type.as_deref().is_some_and(|m| p.is_match(m)),
-            }
+/// One kind (allow or deny) of one grant's rules, indexed so that a
+/// resource is only tested against rules that can apply to it:
+///
+/// * rules whose `server` is a literal are found by the resource's server
+///   (interned policy-wide, see [`Index`]), the others are always
+///   candidates;
+/// * the candidates are tried in file order, so the first match is the
+///   rule that decides; a field whose glob has a literal shape (`x`,
+///   `x*y`, `x**y`) is tested directly, the other globs of each field are
+///   compiled into one `GlobSet` per rule set, run at most once per
+///   resource and only when a candidate needs it; its match indices map
+///   back to rules through `rule_of`.
+#[derive(Debug, Default)]
+struct RuleSet {
+    /// In file order: the index is the rule's `RuleRef::index`.
+    rules: Vec<Rule>,
+    /// `(server id, rule)` for rules whose `server` is a literal, sorted.
+    by_server: Vec<(u32, u32)>,
+    /// Rules whose `server` is a glob, ascending.
+    glob_server: Vec<u32>,
+    /// Per [`Field`]: the rules' general globs in one set.
+    sets: [Option<FieldSet>; FIELDS],
+}
+
+/// A field's general globs, compiled together.
+#[derive(Debug)]
+struct FieldSet {
+    set: GlobSet,
+    /// The rule each glob of `set` belongs to (a pattern may be several globs).
+    rule_of: Vec<u32>,
+}
+
+/// The fields a rule matches, each against its own string.
+#[derive(Clone, Copy, Debug)]
+enum Field {
+    Server = 0,
+    Uri = 1,
+    /// The MIME type's type/subtype.
+    Mime = 2,
+    /// The whole MIME type, parameters included.
+    MimeParams = 3,
+}
+
+const FIELDS: usize = 4;
+
+/// What is compiled policy-wide: literal server names in rules, numbered
+/// (a resource's server is looked up once per decision, not once per rule
+/// set), and the general `server` and `mime` globs, which are few distinct
+/// ones however many rules repeat them: each field's in one `GlobSet`, run
+/// at most once per decision. (`uri` globs are many and mostly distinct:
+/// they go in their rule set's own `GlobSet`.)
+#[derive(Debug, Default)]
+struct Index {
+    servers: HashMap<String, u32>,
+    /// Per [`Field`] (the `Uri` slot stays empty).
+    shared: [SharedGlobs; FIELDS],
+}
+
+/// The distinct general globs of one field, policy-wide.
+#[derive(Debug, Default)]
+struct SharedGlobs {
+    /// Pattern (its globs, joined) to its number.
+    ids: HashMap<String, u32>,
+    builder: Option<GlobSetBuilder>,
+    /// The pattern each glob of `set` belongs to.
+    pattern_of: Vec<u32>,
+    set: Option<GlobSet>,
+}
+
+impl Index {
+    fn intern(&mut self, name: &str) -> u32 {
+        let next = self.servers.len() as u32;
+        *self.servers.entry(name.to_owned()).or_insert(next)
     }
+
+    fn intern_globs(&mut self, field: Field, globs: &[Glob]) -> u32 {
+        let shared = &mut self.shared[field as usize];
+        let key: Vec<&str> = globs.iter().map(Glob::glob).collect();
+        let next = shared.ids.len() as u32;
+        let id = *shared.ids.entry(key.join("\0")).or_insert(next);
+        if id == next {
+            let builder = shared.builder.get_or_insert_with(GlobSetBuilder::new);
+            for g in globs {
+                builder.add(g.clone());
+                shared.pattern_of.push(id);
+            }
+        }
+        id
+    }
+
+    /// Compiles the shared sets; after the last rule set is built.
+    fn finish(&mut self) -> std::result::Result<(), String> {
+        for shared in &mut self.shared {
+            if let Some(b) = shared.builder.take() {
+                shared.set =
+                    Some(b.build().map_err(|e| format!("the policy's globs cannot be compiled together ({e})"))?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Numbers of the shared patterns of `field` that match `s`, ascending.
+    fn shared_matches(&self, field: Field, s: &str) -> Vec<u32> {
+        let shared = &self.shared[field as usize];
+        let Some(set) = &shared.set else { return Vec::new() };
+        let mut globs = Vec::new();
+        set.matches_candidate_into(&Candidate::from_bytes(s.as_bytes()), &mut globs);
+        let mut ids: Vec<u32> = globs.into_iter().map(|g| shared.pattern_of[g]).collect();
+        ids.dedup();
+        ids
+    }
+}
+
+impl RuleSet {
+    fn new(rules: Vec<Rule>, servers: &mut Index) -> std::result::Result<Self, String> {
+        let mut set = RuleSet { rules, ..RuleSet::default() };
+        let mut builders: [Option<(GlobSetBuilder, Vec<u32>)>; FIELDS] = Default::default();
+        for (i, rule) in set.rules.iter_mut().enumerate() {
+            let i = i as u32;
+            match &rule.server.matcher {
+                Matcher::Literal(name, _) => set.by_server.push((servers.intern(name), i)),
+                _ => set.glob_server.push(i),
+            }
+            let mime = rule.mime.as_ref().map(|p| (if rule.mime_params { Field::MimeParams } else { Field::Mime }, p));
+            let fields = [(Field::Server, &rule.server), (Field::Uri, &rule.uri)].into_iter().chain(mime);
+            for (field, pattern) in fields.map(|(f, p)| (f, p.clone())).collect::<Vec<_>>() {
+                if let Matcher::Globs(globs, _) = pattern.matcher {
+                    if !matches!(field, Field::Uri) {
+                        rule.shared[field as usize] = servers.intern_globs(field, &globs);
+                        continue;
+                    }
+                    let (builder, rule_of) =
+                        builders[field as usize].get_or_insert_with(|| (GlobSetBuilder::new(), Vec::new()));
+                    for g in globs.iter() {
+                        builder.add(g.clone());
+                        rule_of.push(i);
+                    }
+                }
+            }
+        }
+        set.by_server.sort_unstable();
+        for (slot, built) in set.sets.iter_mut().zip(builders) {
+            if let Some((builder, rule_of)) = built {
+                let globs = builder.build().map_err(|e| {
+                    format!("these rules are too many or too complex to compile together ({e}); split them over several roles")
+                })?;
+                *slot = Some(FieldSet { set: globs, rule_of });
+            }
+        }
+        Ok(set)
+    }
+
+    fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// The first rule (in file order) matching `s`.
+    fn first_match(&self, s: &Subject<'_>) -> Option<&Rule> {
+        let literal: &[(u32, u32)] = match s.server_id {
+            Some(id) => {
+                let from = self.by_server.partition_point(|p| p.0 < id);
+                let len = self.by_server[from..].partition_point(|p| p.0 == id);
+                &self.by_server[from..from + len]
+            }
+            None => &[],
+        };
+        if literal.is_empty() && self.glob_server.is_empty() {
+            return None;
+        }
+        let mut hits = Hits::default();
+        // Both lists ascend: merge them so rules are tried in file order.
+        let (mut a, mut b) = (literal.iter().map(|p| p.1).peekable(), self.glob_server.iter().copied().peekable());
+        loop {
+            let i = match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) if x < y => a.next(),
+                (Some(_), None) => a.next(),
+                (_, Some(_)) => b.next(),
+                (None, None) => return None,
+            }?;
+            let rule = &self.rules[i as usize];
+            // A literal server was matched by the lookup above.
+            let server = matches!(rule.server.matcher, Matcher::Literal(..))
+                || self.field_matches(Field::Server, &rule.server, i, s.server, s, &mut hits);
+            if server
+                && self.field_matches(Field::Uri, &rule.uri, i, &s.uri, s, &mut hits)
+                && match &rule.mime {
+                    None => true,
+                    Some(p) if rule.mime_params => s
+                        .mime_params
+                        .as_deref()
+                        .is_some_and(|m| self.field_matches(Field::MimeParams, p, i, m, s, &mut hits)),
+                    Some(p) => {
+                        s.mime.as_deref().is_some_and(|m| self.field_matches(Field::Mime, p, i, m, s, &mut hits))
+                    }
+                }
+            {
+                return Some(rule);
+            }
+        }
+    }
+
+    fn field_matches(
+        &self,
+        field: Field,
+        p: &Pattern,
+        rule: u32,
+        s: &str,
+        subject: &Subject<'_>,
+        hits: &mut Hits,
+    ) -> bool {
+        match &p.matcher {
+            Matcher::Globs(_, needs) if !needs.admits(s) => false,
+            Matcher::Globs(..) if !matches!(field, Field::Uri) => {
+                let id = self.rules[rule as usize].shared[field as usize];
+                subject.shared[field as usize]
+                    .get_or_init(|| subject.index.shared_matches(field, s))
+                    .binary_search(&id)
+                    .is_ok()
+            }
+            Matcher::Globs(..) => {
+                let matched = hits.0[field as usize].get_or_insert_with(|| {
+                    let Some(fs) = &self.sets[field as usize] else { return Vec::new() };
+                    let mut globs = Vec::new();
+                    fs.set.matches_candidate_into(&Candidate::from_bytes(s.as_bytes()), &mut globs);
+                    // Ascending glob indices give ascending rules (a rule's globs are contiguous).
+                    let mut rules: Vec<u32> = globs.into_iter().map(|g| fs.rule_of[g]).collect();
+                    rules.dedup();
+                    rules
+                });
+                matched.binary_search(&rule).is_ok()
+            }
+            m => m.is_simple_match_at(s, subject.heads[field as usize]),
+        }
+    }
+}
+
+/// Which rules' general globs matched, per field, for one resource and one
+/// rule set; filled on first need.
+#[derive(Default)]
+struct Hits([Option<Vec<u32>>; FIELDS]);
+
+/// A resource as rules see it, prepared once per decision.
+struct Subject<'a> {
+    index: &'a Index,
+    /// Per [`Field`]: the shared patterns matching, once needed.
+    shared: [std::cell::OnceCell<Vec<u32>>; FIELDS],
+    /// Per [`Field`]: the string's [`Head`].
+    heads: [[u64; 2]; FIELDS],
+    server: &'a str,
+    /// `None`: no rule names this server literally.
+    server_id: Option<u32>,
+    /// Canonical: scheme and host lower-cased.
+    uri: Cow<'a, str>,
+    /// type/subtype, lower-case (see [`mime_essence`]).
+    mime: Option<Cow<'a, str>>,
+    /// The whole type, normalised (see [`mime_with_params`]).
+    mime_params: Option<Cow<'a, str>>,
+}
+
+impl<'a> Subject<'a> {
+    fn new(r: &'a Resource, index: &'a Index) -> Self {
+        let mime = r.mime_type.as_deref();
+        let uri = canonical_uri(&r.id.uri);
+        let (mime, mime_params) = (mime.map(mime_essence), mime.map(mime_with_params));
+        let head = |s: Option<&str>| s.map_or([0; 2], Head::of_subject);
+        Subject {
+            index,
+            shared: Default::default(),
+            heads: [
+                Head::of_subject(&r.id.server),
+                Head::of_subject(&uri),
+                head(mime.as_deref()),
+                head(mime_params.as_deref()),
+            ],
+            server: &r.id.server,
+            server_id: index.servers.get(r.id.server.as_str()).copied(),
+            uri,
+            mime,
+            mime_params,
+        }
+    }
+}
+
+/// A MIME type's type/subtype, without parameters, trimmed and lower-cased
+/// (RFC 2045: both are case-insensitive): `Text/HTML; charset=utf-8` is `text/html`.
+fn mime_essence(m: &str) -> Cow<'_, str> {
+    lower(m.split(';').next().unwrap_or_default().trim())
+}
+
+/// A whole MIME type, normalised for rules that name parameters:
+/// type/subtype and parameter names lower-cased, blanks around `;` and `=`
+/// removed, values and their order kept: `Text/HTML; Charset=UTF-8` is
+/// `text/html;charset=UTF-8`.
+fn mime_with_params(m: &str) -> Cow<'_, str> {
+    let mut parts = m.split(';');
+    let essence = mime_essence(parts.next().unwrap_or_default());
+    let params: Vec<&str> = parts.map(str::trim).filter(|p| !p.is_empty()).collect();
+    if params.is_empty() {
+        return essence;
+    }
+    let mut out = essence.into_owned();
+    for p in params {
+        out.push(';');
+        match p.split_once('=') {
+            Some((name, value)) => {
+                out.push_str(&name.trim().to_ascii_lowercase());
+                out.push('=');
+                out.push_str(value.trim());
+            }
+            None => out.push_str(&p.to_ascii_lowercase()),
+        }
+    }
+    Cow::Owned(out)
+}
+
+fn lower(s: &str) -> Cow<'_, str> {
+    if s.bytes().any(|b| b.is_ascii_uppercase()) { Cow::Owned(s.to_ascii_lowercase()) } else { Cow::Borrowed(s) }
 }
 
 /// An `include` entry, validated: `server` is a valid server name, `uri` is a
@@ -455,7 +826,7 @@ struct Include {
     uri: String,
 }
 
-/// A compiled glob with its source text.
+/// A parsed glob with its source text.
 #[derive(Debug, Clone)]
 struct Pattern {
     text: String,
@@ -464,17 +835,171 @@ struct Pattern {
 
 #[derive(Debug, Clone)]
 enum Matcher {
-    /// `**`: everything.
-    Any,
-    /// `*`: anything without `/`.
-    NoSlash,
-    /// Any of these (see the module doc for why there may be several).
-    Globs(Vec<GlobMatcher>),
+    /// No glob character: exactly this string.
+    Literal(Box<str>, Head),
+    /// One run of stars between literals: the string starts with `prefix`,
+    /// ends with `suffix`, and what lies between holds no `/` unless `slash`
+    /// (the run was `**`). `**` alone is `{ "", "", true }`, `*` alone
+    /// `{ "", "", false }`.
+    Around { prefix: Box<str>, suffix: Box<str>, slash: bool, head: Head },
+    /// Anything else: the globs globset matches (see the module doc for why
+    /// there may be several), compiled with the rule set's other globs, and
+    /// what any match must contain, checked first (most strings fail it, and
+    /// then the set is not run at all).
+    Globs(Box<[Glob]>, Needs),
+}
+
+/// Necessary conditions for a general glob to match, from its literal runs
+/// (the text outside `*`, `?`, classes, braces and escapes): a leading run
+/// is a prefix, a trailing run a suffix, the runs between occur in order.
+#[derive(Debug, Clone, Default)]
+struct Needs {
+    prefix: Box<str>,
+    suffix: Box<str>,
+    inner: Box<[Box<str>]>,
+}
+
+impl Needs {
+    fn of(glob: &str) -> Needs {
+        let chars: Vec<char> = glob.chars().collect();
+        let (mut runs, mut cur, mut i) = (Vec::new(), String::new(), 0);
+        let (mut starts_literal, mut ends_literal) = (true, true);
+        while i < chars.len() {
+            let c = chars[i];
+            let meta = matches!(c, '*' | '?' | '[' | '{' | '\\');
+            if !meta {
+                cur.push(c);
+                i += 1;
+                ends_literal = true;
+                continue;
+            }
+            if runs.is_empty() && cur.is_empty() {
+                starts_literal = false;
+            }
+            runs.push(std::mem::take(&mut cur));
+            ends_literal = false;
+            i = match c {
+                '\\' => i + 2,
+                '[' => {
+                    // Byte offsets and char offsets agree on the ASCII prefix class_end reads.
+                    let s: String = chars[i..].iter().collect();
+                    i + s[..class_end(s.as_bytes(), 0)].chars().count()
+                }
+                '{' => {
+                    let mut depth = 0usize;
+                    let mut j = i;
+                    while j < chars.len() {
+                        match chars[j] {
+                            '\\' => j += 1,
+                            '{' => depth += 1,
+                            '}' => {
+                                depth -= 1;
+                                if depth == 0 {
+                                    break;
+                                }
+                            }
+                            _ => {}
+                        }
+                        j += 1;
+                    }
+                    j + 1
+                }
+                _ => i + 1,
+            };
+        }
+        runs.push(cur);
+        let mut runs: Vec<String> = runs;
+        let suffix = if ends_literal && runs.len() > 1 { runs.pop().unwrap_or_default() } else { String::new() };
+        let prefix = if starts_literal && !runs.is_empty() { runs.remove(0) } else { String::new() };
+        let inner = runs.into_iter().filter(|r| !r.is_empty()).map(String::into_boxed_str).collect();
+        Needs { prefix: prefix.into(), suffix: suffix.into(), inner }
+    }
+
+    fn admits(&self, s: &str) -> bool {
+        if s.len() < self.prefix.len() + self.suffix.len()
+            || (!self.prefix.is_empty() && !s.starts_with(&*self.prefix))
+            || (!self.suffix.is_empty() && !s.ends_with(&*self.suffix))
+        {
+            return false;
+        }
+        let mut rest = &s.as_bytes()[self.prefix.len()..s.len() - self.suffix.len()];
+        for run in self.inner.iter() {
+            match memchr::memmem::find(rest, run.as_bytes()) {
+                Some(at) => rest = &rest[at + run.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+/// The first 16 bytes of a literal prefix, to reject most strings with two
+/// integer comparisons before comparing bytes: a rule set's candidates
+/// mostly differ from the string within them (`docs://teams/t3/` against
+/// `docs://teams/t7/…`), and a call to compare bytes per candidate was most
+/// of the cost of a decision.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Head {
+    bytes: [u64; 2],
+    mask: [u64; 2],
+}
+
+impl Head {
+    fn of(prefix: &str) -> Head {
+        let mut bytes = [0u8; 16];
+        let n = prefix.len().min(16);
+        bytes[..n].copy_from_slice(&prefix.as_bytes()[..n]);
+        let mut mask = [0u8; 16];
+        mask[..n].fill(0xff);
+        let word = |b: [u8; 16], i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+        Head { bytes: [word(bytes, 0), word(bytes, 1)], mask: [word(mask, 0), word(mask, 1)] }
+    }
+
+    /// The first 16 bytes of `s`, zero-padded (the `bytes` of [`Head::of`]).
+    fn of_subject(s: &str) -> [u64; 2] {
+        Head::of(s).bytes
+    }
+
+    /// False when `s` (given by its [`Head::of_subject`]) cannot start with the prefix.
+    fn admits(&self, s: [u64; 2]) -> bool {
+        s[0] & self.mask[0] == self.bytes[0] && s[1] & self.mask[1] == self.bytes[1]
+    }
+}
+
+impl Matcher {
+    /// For `Literal` and `Around`; `Globs` need their rule set.
+    fn is_simple_match(&self, s: &str) -> bool {
+        self.is_simple_match_at(s, Head::of_subject(s))
+    }
+
+    /// [`Matcher::is_simple_match`] with the string's head computed once.
+    fn is_simple_match_at(&self, s: &str, head: [u64; 2]) -> bool {
+        match self {
+            Matcher::Literal(l, h) => h.admits(head) && **l == *s,
+            Matcher::Around { prefix, suffix, slash, head: h } => {
+                // A prefix of up to 16 bytes is all in its head; an empty
+                // suffix needs no comparison (each is a call to memcmp).
+                h.admits(head)
+                    && s.len() >= prefix.len() + suffix.len()
+                    && (prefix.len() <= 16 || s.starts_with(&**prefix))
+                    && (suffix.is_empty() || s.ends_with(&**suffix))
+                    && (*slash || !s.as_bytes()[prefix.len()..s.len() - suffix.len()].contains(&b'/'))
+            }
+            Matcher::Globs(..) => false,
+        }
+    }
 }
 
 impl Pattern {
     fn any() -> Self {
-        Pattern { text: "**".into(), matcher: Matcher::Any }
+        let matcher = Matcher::Around { prefix: "".into(), suffix: "".into(), slash: true, head: Head::default() };
+        Pattern { text: "**".into(), matcher }
+    }
+
+    /// `*`, the default `server`.
+    fn no_slash() -> Self {
+        let matcher = Matcher::Around { prefix: "".into(), suffix: "".into(), slash: false, head: Head::default() };
+        Pattern { text: "*".into(), matcher }
     }
 
     fn compile(text: &str) -> std::result::Result<Self, String> {
@@ -487,53 +1012,87 @@ impl Pattern {
         Self::compile_as(text, &canonical_glob(text))
     }
 
+    /// A `mime` glob: matched case-insensitively, so lower-cased, and
+    /// normalised like the MIME types it is matched against (see
+    /// [`mime_with_params`]).
+    fn compile_mime(text: &str) -> std::result::Result<Self, String> {
+        Self::compile_as(text, &mime_with_params(text))
+    }
+
     /// Compiles `glob`, shown to people as `text`.
-    fn compile_as(text: &str, glob_src: &str) -> std::result::Result<Self, String> {
-        let text_shown = text;
-        let text = glob_src;
-        let matcher = if text.len() >= 2 && text.bytes().all(|b| b == b'*') {
-            Matcher::Any
-        } else if text == "*" {
-            Matcher::NoSlash
-        } else {
-            let pieces = split_star_runs(text);
-            let runs = pieces.len() - 1;
-            if runs > MAX_RECURSIVE_RUNS {
-                return Err(format!(
-                    "glob {} has {runs} `**`; at most {MAX_RECURSIVE_RUNS} are allowed (split it into several rules)",
-                    quote(text)
-                ));
-            }
-            let mut globs = Vec::with_capacity(1 << runs);
-            for mask in 0..(1usize << runs) {
-                // `pieces` is never empty: split_star_runs always pushes the tail.
-                let mut glob = String::from(pieces[0]);
-                for (i, piece) in pieces[1..].iter().enumerate() {
-                    glob.push_str(if mask & (1 << i) == 0 { "*" } else { "*/**/*" });
-                    glob.push_str(piece);
+    fn compile_as(text_shown: &str, text: &str) -> std::result::Result<Self, String> {
+        let pieces = split_star_runs(text);
+        let runs = pieces.len() - 1;
+        if runs > MAX_RECURSIVE_RUNS {
+            return Err(format!(
+                "glob {} has {runs} `**`; at most {MAX_RECURSIVE_RUNS} are allowed (split it into several rules)",
+                quote(text)
+            ));
+        }
+        let matcher = match simple_shape(text) {
+            Some(m) => m,
+            None => {
+                let mut globs = Vec::with_capacity(1 << runs);
+                for mask in 0..(1usize << runs) {
+                    // `pieces` is never empty: split_star_runs always pushes the tail.
+                    let mut glob = String::from(pieces[0]);
+                    for (i, piece) in pieces[1..].iter().enumerate() {
+                        glob.push_str(if mask & (1 << i) == 0 { "*" } else { "*/**/*" });
+                        glob.push_str(piece);
+                    }
+                    let compiled = GlobBuilder::new(&glob)
+                        .literal_separator(true)
+                        .backslash_escape(true)
+                        .build()
+                        .map_err(|e| {
+                            let kind = e.kind().to_string();
+                            format!(
+                                "invalid glob {}: {kind} (write `\\[`, `\\*`, `\\?`, `\\{{` for literal characters)",
+                                quote(text)
+                            )
+                        })?;
+                    globs.push(compiled);
                 }
-                let compiled =
-                    GlobBuilder::new(&glob).literal_separator(true).backslash_escape(true).build().map_err(|e| {
-                        let kind = e.kind().to_string();
-                        format!(
-                            "invalid glob {}: {kind} (write `\\[`, `\\*`, `\\?`, `\\{{` for literal characters)",
-                            quote(text)
-                        )
-                    })?;
-                globs.push(compiled.compile_matcher());
+                Matcher::Globs(globs.into(), Needs::of(text))
             }
-            Matcher::Globs(globs)
         };
         Ok(Pattern { text: text_shown.to_owned(), matcher })
     }
 
+    /// Matches one string, building a one-pattern set for general globs:
+    /// the glob dialect's tests; rules match through their [`RuleSet`].
+    #[cfg(test)]
     fn is_match(&self, s: &str) -> bool {
         match &self.matcher {
-            Matcher::Any => true,
-            Matcher::NoSlash => !s.contains('/'),
-            Matcher::Globs(globs) => globs.iter().any(|g| g.is_match(s)),
+            Matcher::Globs(globs, _) => {
+                let mut b = GlobSetBuilder::new();
+                globs.iter().for_each(|g| {
+                    b.add(g.clone());
+                });
+                b.build().unwrap().is_match_candidate(&Candidate::from_bytes(s.as_bytes()))
+            }
+            m => m.is_simple_match(s),
         }
     }
+}
+
+/// `x`, `x*y` or `x**y` with `x` and `y` free of glob characters: matched
+/// without globset. Every other glob (`?`, classes, braces, escapes, two
+/// runs of stars) is `None`.
+fn simple_shape(p: &str) -> Option<Matcher> {
+    if p.bytes().any(|b| matches!(b, b'?' | b'[' | b']' | b'{' | b'}' | b'\\')) {
+        return None;
+    }
+    let Some(start) = p.find('*') else {
+        return Some(Matcher::Literal(p.into(), Head::of(p)));
+    };
+    let run = p[start..].bytes().take_while(|&b| b == b'*').count();
+    let suffix = &p[start + run..];
+    if suffix.contains('*') {
+        return None;
+    }
+    let prefix = &p[..start];
+    Some(Matcher::Around { prefix: prefix.into(), suffix: suffix.into(), slash: run >= 2, head: Head::of(prefix) })
 }
 
 /// Splits `p` at every run of two or more unescaped `*` outside a `[...]`
@@ -636,11 +1195,14 @@ struct RawUser {
 struct RawRule {
     server: Option<Pattern>,
     uri: Option<UriPattern>,
-    mime: Option<Pattern>,
+    mime: Option<MimePattern>,
 }
 
 /// A `uri` glob, compiled for canonical URIs (see [`Pattern::compile_uri`]).
 struct UriPattern(Pattern);
+
+/// A `mime` glob, compiled for normalised MIME types (see [`Pattern::compile_mime`]).
+struct MimePattern(Pattern);
 
 /// `max_tokens`, at least 1.
 struct MaxTokens(usize);
@@ -680,9 +1242,10 @@ impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Entries<T> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
                 let mut out = Entries::default();
+                let mut seen = HashSet::new();
                 while let Some(key) = map.next_key::<String>()? {
                     let value = map.next_value::<Option<T>>()?.unwrap_or_default();
-                    if out.duplicate.is_none() && out.items.iter().any(|(k, _)| *k == key) {
+                    if out.duplicate.is_none() && !seen.insert(key.clone()) {
                         out.duplicate = Some(key.clone());
                     }
                     out.items.push((key, value));
@@ -703,6 +1266,12 @@ impl<'de> Deserialize<'de> for Pattern {
 impl<'de> Deserialize<'de> for UriPattern {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         d.deserialize_str(PatternVisitor(Pattern::compile_uri)).map(UriPattern)
+    }
+}
+
+impl<'de> Deserialize<'de> for MimePattern {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_str(PatternVisitor(Pattern::compile_mime)).map(MimePattern)
     }
 }
 
@@ -814,9 +1383,11 @@ fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
     let mut default_roles: Option<(Vec<String>, usize)> = None;
     let mut roles: BTreeMap<String, (Arc<Grant>, usize)> = BTreeMap::new();
     let mut users: BTreeMap<String, (UserEntry, usize)> = BTreeMap::new();
+    let mut servers = Index::default();
     for (i, (path, text)) in files.iter().enumerate() {
         let raw = parse_file(path, text)?;
         let loc = Locator::new(text);
+        let (role_entries, user_entries) = (loc.entries("roles"), loc.entries("users"));
         for (section, dup) in [("roles", &raw.roles.duplicate), ("users", &raw.users.duplicate)] {
             if let Some(name) = dup {
                 let at = loc.keys(&[section, name]).get(1).and_then(|&l| loc.position(l));
@@ -848,8 +1419,9 @@ fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
                 );
                 return Err(policy_error(path, loc.key(&["roles", &name]), msg));
             }
-            let owner = Owner { path, loc: &loc, section: "roles", name: &name };
-            let grant = owner.grant(role.allow, role.deny, role.max_tokens, role.include);
+            let body = role_entries.get(name.as_str()).copied();
+            let owner = Owner { path, loc: &loc, section: "roles", name: &name, body };
+            let grant = owner.grant(role.allow, role.deny, role.max_tokens, role.include, &mut servers)?;
             roles.insert(name, (Arc::new(grant), i));
         }
         for (name, user) in raw.users.items {
@@ -860,8 +1432,9 @@ fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
                 );
                 return Err(policy_error(path, loc.key(&["users", &name]), msg));
             }
-            let owner = Owner { path, loc: &loc, section: "users", name: &name };
-            let own = owner.grant(user.allow, user.deny, user.max_tokens, user.include);
+            let body = user_entries.get(name.as_str()).copied();
+            let owner = Owner { path, loc: &loc, section: "users", name: &name, body };
+            let own = owner.grant(user.allow, user.deny, user.max_tokens, user.include, &mut servers)?;
             users.insert(name, (UserEntry { roles: dedup(user.roles), own: Arc::new(own) }, i));
         }
     }
@@ -892,23 +1465,22 @@ fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
         );
         return Err(policy_error(path, at, msg));
     }
+    if let Err(e) = servers.finish() {
+        return Err(policy_error(&files.first().map(|f| f.0.clone()).unwrap_or_default(), None, e));
+    }
     Ok(Policy {
         files: files.iter().map(|(p, _)| p.clone()).collect(),
         default_roles: dedup(default_roles),
         roles: roles.into_iter().map(|(k, (g, _))| (k, g)).collect(),
         users: users.into_iter().map(|(k, (u, _))| (k, u)).collect(),
+        servers: Arc::new(servers),
     })
 }
 
 /// `v` without repeats, first occurrences kept in order.
-fn dedup<T: PartialEq>(v: Vec<T>) -> Vec<T> {
-    let mut out = Vec::with_capacity(v.len());
-    for x in v {
-        if !out.contains(&x) {
-            out.push(x);
-        }
-    }
-    out
+fn dedup<T: Eq + std::hash::Hash + Clone>(v: Vec<T>) -> Vec<T> {
+    let mut seen = HashSet::with_capacity(v.len());
+    v.into_iter().filter(|x| seen.insert(x.clone())).collect()
 }
 
 /// A role or user being compiled, with what is needed to locate its rules.
@@ -917,48 +1489,67 @@ struct Owner<'a> {
     loc: &'a Locator<'a>,
     section: &'a str,
     name: &'a str,
+    /// The lines of its definition (see [`Locator::entries`]).
+    body: Option<(usize, usize)>,
 }
 
 impl Owner<'_> {
-    fn grant(&self, allow: Vec<RawRule>, deny: Vec<RawRule>, max: Option<MaxTokens>, include: Vec<Include>) -> Grant {
-        Grant {
-            allow: self.rules(allow, Effect::Allow),
-            deny: self.rules(deny, Effect::Deny),
+    fn grant(
+        &self,
+        allow: Vec<RawRule>,
+        deny: Vec<RawRule>,
+        max: Option<MaxTokens>,
+        include: Vec<Include>,
+        servers: &mut Index,
+    ) -> Result<Grant> {
+        Ok(Grant {
+            allow: self.rules(allow, Effect::Allow, servers)?,
+            deny: self.rules(deny, Effect::Deny, servers)?,
             max_tokens: max.map(|m| m.0),
             includes: include,
-        }
+            ..Grant::default()
+        })
     }
 
-    fn rules(&self, raw: Vec<RawRule>, effect: Effect) -> Vec<Rule> {
+    fn rules(&self, raw: Vec<RawRule>, effect: Effect, servers: &mut Index) -> Result<RuleSet> {
         let key = effect.to_string();
-        let key_line = self.loc.key(&[self.section, self.name, &key]).map(|a| a.0);
+        // 0-based line of `allow:` / `deny:` in this owner's definition.
+        let key_line = self.body.and_then(|(from, to)| self.loc.keys_in(from, to, &[&key]).first().copied());
+        let items = key_line.map(|l| self.loc.items(l)).unwrap_or_default();
         let owner = format!("{} {}", &self.section[..self.section.len() - 1], self.name);
-        raw.into_iter()
+        let rules = raw
+            .into_iter()
             .enumerate()
             .map(|(index, r)| {
                 let reference = RuleRef {
                     file: self.path.to_path_buf(),
-                    line: key_line.map(|l| self.loc.item_line(l - 1, index) + 1),
+                    line: key_line.map(|l| items.get(index).copied().unwrap_or(l) + 1),
                     owner: owner.clone(),
                     effect,
                     index,
                     rule: canonical(&r),
                 };
                 Rule {
-                    server: r.server.unwrap_or_else(|| Pattern { text: "*".into(), matcher: Matcher::NoSlash }),
+                    server: r.server.unwrap_or_else(Pattern::no_slash),
                     uri: r.uri.map_or_else(Pattern::any, |u| u.0),
-                    mime: r.mime,
+                    mime_params: r.mime.as_ref().is_some_and(|m| m.0.text.contains(';')),
+                    mime: r.mime.map(|m| m.0),
+                    shared: [0; FIELDS],
                     reference,
                 }
             })
-            .collect()
+            .collect();
+        RuleSet::new(rules, servers).map_err(|e| {
+            let at = key_line.and_then(|l| self.loc.position(l));
+            policy_error(self.path, at, format!("{owner} {key}: {e}"))
+        })
     }
 }
 
 /// The rule as written: the fields given, in a fixed order, quoted.
 fn canonical(r: &RawRule) -> String {
     let fields: Vec<String> =
-        [("server", r.server.as_ref()), ("uri", r.uri.as_ref().map(|u| &u.0)), ("mime", r.mime.as_ref())]
+        [("server", r.server.as_ref()), ("uri", r.uri.as_ref().map(|u| &u.0)), ("mime", r.mime.as_ref().map(|m| &m.0))]
             .into_iter()
             .filter_map(|(k, v)| v.as_ref().map(|p| format!("{k}: {}", json_quote(&p.text))))
             .collect();
@@ -1011,7 +1602,11 @@ impl<'a> Locator<'a> {
     /// 0-based lines of every occurrence of the last key of `path`, following
     /// the first occurrence of each earlier key.
     fn keys(&self, path: &[&str]) -> Vec<usize> {
-        let (mut from, mut to) = (0, self.lines.len());
+        self.keys_in(0, self.lines.len(), path)
+    }
+
+    /// [`Locator::keys`] within the 0-based lines `from..to`.
+    fn keys_in(&self, mut from: usize, mut to: usize, path: &[&str]) -> Vec<usize> {
         let mut found = Vec::new();
         for (depth, want) in path.iter().enumerate() {
             let Some(indent) = (from..to).find_map(|i| self.lines[i].map(|(ind, _)| ind)) else {
@@ -1033,10 +1628,37 @@ impl<'a> Locator<'a> {
         found
     }
 
-    /// 0-based line of item `index` of the list under the key on `key_line`;
-    /// the key line itself for a flow list or when the item is not found.
-    fn item_line(&self, key_line: usize, index: usize) -> usize {
-        self.items(key_line).get(index).copied().unwrap_or(key_line)
+    /// The lines `from..to` (0-based) of the definition of each name under the
+    /// top-level key `section`, as [`Locator::keys`] would find them for
+    /// `[section, name, …]`, in one pass: locating each role's rules by
+    /// rescanning the file made loading quadratic in the number of roles.
+    fn entries(&self, section: &str) -> HashMap<&'a str, (usize, usize)> {
+        let mut out = HashMap::new();
+        let all = self.lines.len();
+        let Some(indent) = (0..all).find_map(|i| self.lines[i].map(|(ind, _)| ind)) else {
+            return out;
+        };
+        let Some(line) = self.keys(&[section]).first().copied() else {
+            return out;
+        };
+        let from = line + 1;
+        let to = (from..all).find(|&i| matches!(self.lines[i], Some((ind, _)) if ind <= indent)).unwrap_or(all);
+        let Some(child) = (from..to).find_map(|i| self.lines[i].map(|(ind, _)| ind)) else {
+            return out;
+        };
+        // Lines that end a definition: every line at the names' indentation or less.
+        let bounds: Vec<usize> =
+            (from..to).filter(|&i| matches!(self.lines[i], Some((ind, _)) if ind <= child)).collect();
+        for (k, &i) in bounds.iter().enumerate() {
+            if let Some((ind, c)) = self.lines[i]
+                && ind == child
+                && let Some((name, _)) = mapping_key(c)
+            {
+                let end = bounds.get(k + 1).copied().unwrap_or(to);
+                out.entry(name).or_insert((i + 1, end));
+            }
+        }
+        out
     }
 
     /// 0-based lines of the `- ` items of the block list under `key_line`.

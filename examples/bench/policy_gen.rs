@@ -101,7 +101,8 @@ fn deny_rule(rng: &mut Rng, r: usize) -> String {
 /// The policy as YAML (block style, one flow mapping per rule).
 pub fn generate(shape: &Shape) -> String {
     let mut rng = Rng::new(shape.seed);
-    let mut out = String::with_capacity(shape.roles * shape.rules_per_role * 60 + shape.users * shape.roles_per_user * 10);
+    let mut out =
+        String::with_capacity(shape.roles * shape.rules_per_role * 60 + shape.users * shape.roles_per_user * 10);
     let _ = writeln!(out, "# Generated: {shape:?}");
     out.push_str("default_roles: [team-0]\n\nroles:\n");
     let deny = (shape.rules_per_role / 11).max(1).min(shape.rules_per_role);
