@@ -23,7 +23,7 @@ use crate::gate::{Admitted, Refusal, admit};
 use crate::hub::Hub;
 use crate::id::ResourceId;
 use crate::inject::inject_message;
-use crate::policy::{Policy, UserPolicy};
+use crate::policy::{DecisionKey, Policy, UserPolicy};
 use crate::render::DEFAULT_PREAMBLE;
 use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
 use crate::resource::{Contents, Resource};
@@ -89,8 +89,11 @@ impl McpContext {
     /// Loads the policy named by the config (failing closed on any policy
     /// error), then connects to every server.
     pub async fn from_config(config: &Config) -> Result<Self> {
-        let policy = match &config.policy {
-            Some(p) => Policy::load(p)?,
+        // Parsing and compiling an organisation's policy is CPU work: keep it off the runtime.
+        let policy = match config.policy.clone() {
+            Some(p) => tokio::task::spawn_blocking(move || Policy::load(&p))
+                .await
+                .map_err(|e| Error::Other(format!("policy loading failed: {e}")))??,
             None => Policy::allow_all(),
         };
         Ok(Self::with_policy(config, policy).await)
@@ -204,7 +207,7 @@ impl McpContext {
         // selection the answer depends only on the user and the listings, so
         // it is remembered until a listing changes.
         let selection = match &req.selection {
-            None => self.selections.get_or(&req.user, self.hub.listing_generation(), || self.select(&up, None)),
+            None => self.selections.get_or(up.decision_key(), self.hub.listing_generation(), || self.select(&up, None)),
             Some(wanted) => Arc::new(self.select(&up, Some(wanted))),
         };
         report.excluded.extend(selection.excluded.iter().cloned());
@@ -539,30 +542,33 @@ struct Selection {
     excluded: Vec<Excluded>,
 }
 
-/// The last selection of each user (at most [`SELECTION_MEMO_USERS`]),
-/// valid while the hub's listing generation is unchanged; a policy never
-/// changes under a running `McpContext`.
+/// The last selection for each set of grants (the user's own rules, their
+/// roles in order, their expanded includes: a [`DecisionKey`]), at most
+/// [`SELECTION_MEMO_SIZE`], valid while the hub's listing generation is
+/// unchanged; a policy never changes under a running `McpContext`. Users
+/// with the same roles share one entry, so thousands of them cost one
+/// evaluation per listing.
 #[derive(Default)]
 struct SelectionMemo {
-    entries: std::sync::Mutex<std::collections::HashMap<String, (u64, Arc<Selection>)>>,
+    entries: std::sync::Mutex<std::collections::HashMap<DecisionKey, (u64, Arc<Selection>)>>,
 }
 
-/// Users whose selection is remembered; past this the memo starts over.
-const SELECTION_MEMO_USERS: usize = 64;
+/// Grant sets whose selection is remembered; past this the memo starts over.
+const SELECTION_MEMO_SIZE: usize = 64;
 
 impl SelectionMemo {
-    fn get_or(&self, user: &str, generation: u64, make: impl FnOnce() -> Selection) -> Arc<Selection> {
-        if let Some((g, sel)) = self.entries.lock().unwrap_or_else(|p| p.into_inner()).get(user)
+    fn get_or(&self, key: DecisionKey, generation: u64, make: impl FnOnce() -> Selection) -> Arc<Selection> {
+        if let Some((g, sel)) = self.entries.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
             && *g == generation
         {
             return sel.clone();
         }
         let sel = Arc::new(make());
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= SELECTION_MEMO_USERS && !entries.contains_key(user) {
+        if entries.len() >= SELECTION_MEMO_SIZE && !entries.contains_key(&key) {
             entries.clear();
         }
-        entries.insert(user.to_owned(), (generation, sel.clone()));
+        entries.insert(key, (generation, sel.clone()));
         sel
     }
 }

@@ -5,8 +5,8 @@
 //! strictly and fails closed: any doubt about what a file means is a load
 //! error naming the file and line, never a silently wider or narrower policy.
 //! Everything is compiled once at load; [`Policy::for_user`] only clones
-//! `Arc`s, and [`UserPolicy::decide`] runs precompiled globs, because it is
-//! called for every resource on every request.
+//! `Arc`s, and [`UserPolicy::decide`] runs precompiled indexes and globs,
+//! because it is called for every resource on every request.
 //!
 //! # Globs
 //!
@@ -22,6 +22,31 @@
 //!   ASCII character (URIs are ASCII: RFC 3986 percent-encodes the rest);
 //! * `\x` matches `x` literally; `{a,b}` is an alternation (a globset
 //!   extension): write `\{` for a literal brace.
+//!
+//! `mime` globs are matched against the type/subtype without parameters,
+//! case-insensitively (MIME types are): `text/html` matches
+//! `Text/HTML; profile=mcp-app`. A `mime` glob that names parameters
+//! (`text/html;profile=mcp-app`) is matched against the whole type instead,
+//! with type/subtype and parameter names lower-cased and blanks around `;`
+//! and `=` removed, parameters in the order the server gives them.
+//!
+//! # How decisions stay cheap
+//!
+//! Organisation policies hold thousands of rules, and every resource of
+//! every listing is decided for every user. So each role's (and each user's
+//! own) allow rules and deny rules are compiled at load into a `RuleSet`:
+//! rules whose `server` is a literal are indexed by server, so a resource is
+//! tried only against rules that can apply to it; globs of a literal shape
+//! (`x`, `x*y`, `x**y`, which most are) are tested directly, behind a check
+//! of their first 16 bytes; the other `uri` globs of a rule set are compiled
+//! into one `GlobSet`, and the other `server` and `mime` globs (few distinct
+//! ones, however many rules repeat them) into one `GlobSet` each for the
+//! whole policy; a set runs at most once per resource, only when a
+//! candidate's literal runs occur in the string. Candidates are tried in
+//! file order and grants in decision order, and a set's match indices map
+//! back to rules, so the deciding rule is the one the definition names.
+//! Roles are compiled once and shared by every user; `McpContext` remembers
+//! a selection per set of grants and listing generation.
 //!
 //! Matching uses `globset` with `literal_separator(true)`. globset gives `**`
 //! gitignore semantics (`**/a` matches `a`, `a/**/b` matches `a/b`, `x**`
@@ -968,6 +993,7 @@ impl Head {
 
 impl Matcher {
     /// For `Literal` and `Around`; `Globs` need their rule set.
+    #[cfg(test)]
     fn is_simple_match(&self, s: &str) -> bool {
         self.is_simple_match_at(s, Head::of_subject(s))
     }
@@ -2456,6 +2482,186 @@ users:
                 let d = user.decide(&r);
                 prop_assert_eq!(d.allowed, allowed, "{:?}\n{}", r.id, yaml);
                 prop_assert_eq!(d.rule.map(|x| (x.owner, x.effect, x.index)), expected);
+            }
+        }
+    }
+
+    // ---- MIME parameters and case ------------------------------------------
+
+    #[test]
+    fn mime_rules_ignore_parameters_and_case_unless_they_name_parameters() {
+        let p = policy(
+            r#"
+roles:
+  r:
+    allow:
+      - { mime: "text/html" }
+      - { mime: "Image/*" }
+      - { mime: "application/json; Profile=x" }
+    deny:
+      - { mime: "text/html;profile=blocked" }
+users:
+  u: { roles: [r] }
+"#,
+        );
+        let sees_mime = |m: &str| sees(&p, "u", &res_mime("s:a://1", m));
+        assert!(sees_mime("text/html"));
+        assert!(sees_mime("text/html;profile=mcp-app"), "parameters are ignored");
+        assert!(sees_mime("TEXT/Html ; charset=utf-8"), "type/subtype are case-insensitive");
+        assert!(sees_mime("image/PNG"));
+        assert!(!sees_mime("text/htmlx"));
+        assert!(!sees_mime("text/plain"));
+        // A rule naming parameters matches the whole type, parameter names case-insensitively.
+        assert!(sees_mime("application/json;profile=x"));
+        assert!(sees_mime("Application/JSON; PROFILE=x"));
+        assert!(!sees_mime("application/json"));
+        assert!(!sees_mime("application/json; profile=y"));
+        let d = p.for_user("u").decide(&res_mime("s:a://1", "text/html; profile=blocked"));
+        assert!(!d.allowed);
+        assert_eq!(d.detail(), r#"denied by p.yaml:9: role r deny[0] { mime: "text/html;profile=blocked" }"#);
+        // As written in the report, not as normalised.
+        let d = p.for_user("u").decide(&res_mime("s:a://1", "image/png"));
+        assert_eq!(d.rule.unwrap().rule, r#"{ mime: "Image/*" }"#);
+    }
+
+    // ---- property: the indexes == trying every rule in order ---------------
+
+    const WIDE_SERVER_GLOBS: &[&str] = &["*", "**", "demo", "crm", "d", "x", "d*", "?rm", "[cd]*", "{demo,x}", "*o"];
+    const WIDE_URI_GLOBS: &[&str] = &[
+        "**",
+        "demo://**",
+        "demo://a/*",
+        "demo://a/b",
+        "crm://a",
+        "*://a/**",
+        "**/b",
+        "demo://?/b",
+        "demo://[ab]/**",
+        "demo://{a,c}/**",
+        "**a**",
+        "demo://a/**/b",
+        "x*/y",
+        "DEMO://A/**",
+        "demo://a/\\*",
+        "demo**b",
+    ];
+    const WIDE_MIME_GLOBS: &[&str] = &["text/*", "Image/*", "*", "text/plain", "text/plain;charset=utf-8", "*/p*"];
+    const WIDE_SERVERS: &[&str] = &["demo", "crm", "d", "x", "dx", "o"];
+    const WIDE_URIS: &[&str] = &[
+        "demo://a",
+        "demo://a/b",
+        "demo://b/b",
+        "demo://c/x",
+        "demo://a/x/b",
+        "crm://a",
+        "crm://a/b",
+        "x/y",
+        "xz/y",
+        "demob",
+        "Demo://A/b",
+        "demo://a/*",
+        "demo://a//b",
+    ];
+    const WIDE_MIMES: &[&str] = &["text/plain", "Text/Plain; Charset=utf-8", "image/png", "application/pdf"];
+
+    fn wide_rule() -> impl Strategy<Value = TestRule> {
+        (
+            proptest::option::of(proptest::sample::select(WIDE_SERVER_GLOBS)),
+            proptest::option::of(proptest::sample::select(WIDE_URI_GLOBS)),
+            proptest::option::weighted(0.3, proptest::sample::select(WIDE_MIME_GLOBS)),
+        )
+    }
+
+    /// A rule tried alone, by the definitions: the glob reference, canonical
+    /// URIs, MIME type/subtype (or the whole type when the rule names parameters).
+    fn wide_rule_matches((server, uri, mime): &TestRule, r: &Resource) -> bool {
+        let g = |p: &str, s: &str| glob_ref(&p.chars().collect::<Vec<_>>(), &s.chars().collect::<Vec<_>>());
+        let unescape = |p: &str| p.replace("\\*", "\u{1}");
+        let lit = |s: &str| s.replace('*', "\u{1}");
+        let brace = |p: &str, s: &str| match p.split_once('{') {
+            // `{a,b}`: one alternative at a time (one brace per test glob).
+            Some((head, rest)) => {
+                let (alts, tail) = rest.split_once('}').unwrap();
+                alts.split(',').any(|a| g(&unescape(&format!("{head}{a}{tail}")), &lit(s)))
+            }
+            None => g(&unescape(p), &lit(s)),
+        };
+        brace(server.unwrap_or("*"), &r.id.server)
+            && brace(&canonical_glob(uri.unwrap_or("**")), &canonical_uri(&r.id.uri))
+            && mime.is_none_or(|m| {
+                r.mime_type.as_deref().is_some_and(|t| {
+                    if m.contains(';') {
+                        brace(&mime_with_params(m), &mime_with_params(t))
+                    } else {
+                        brace(&m.to_ascii_lowercase(), &mime_essence(t))
+                    }
+                })
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn indexed_decisions_agree_with_trying_every_rule_in_order(
+            roles in proptest::collection::vec(
+                (proptest::collection::vec(wide_rule(), 0..10), proptest::collection::vec(wide_rule(), 0..4)),
+                1..6,
+            ),
+            member_of in proptest::collection::vec(0usize..6, 0..5),
+            own in (proptest::collection::vec(wide_rule(), 0..3), proptest::collection::vec(wide_rule(), 0..2)),
+            resources in proptest::collection::vec(
+                (proptest::sample::select(WIDE_SERVERS), proptest::sample::select(WIDE_URIS),
+                 proptest::option::of(proptest::sample::select(WIDE_MIMES))),
+                1..12,
+            ),
+        ) {
+            let member_of: Vec<usize> = member_of.into_iter().filter(|&i| i < roles.len()).collect();
+            // The YAML, remembering each rule's line.
+            let mut lines = vec!["roles:".to_owned()];
+            let mut line_of = std::collections::HashMap::new();
+            let mut section = |lines: &mut Vec<String>, owner: &str, indent: &str, allow: &[TestRule], deny: &[TestRule]| {
+                for (effect, list) in [(Effect::Allow, allow), (Effect::Deny, deny)] {
+                    lines.push(format!("{indent}{effect}:"));
+                    for (i, r) in list.iter().enumerate() {
+                        lines.push(format!("{indent}  - {}", rule_yaml(r)));
+                        line_of.insert((owner.to_owned(), effect == Effect::Allow, i), lines.len());
+                    }
+                }
+            };
+            for (i, (allow, deny)) in roles.iter().enumerate() {
+                lines.push(format!("  r{i}:"));
+                section(&mut lines, &format!("role r{i}"), "    ", allow, deny);
+            }
+            let names: Vec<String> = member_of.iter().map(|i| format!("r{i}")).collect();
+            lines.push("users:".into());
+            lines.push("  u:".into());
+            lines.push(format!("    roles: [{}]", names.join(", ")));
+            section(&mut lines, "user u", "    ", &own.0, &own.1);
+            let yaml = lines.join("\n") + "\n";
+            let policy = Policy::from_yaml(&yaml, Path::new("p.yaml")).map_err(|e| TestCaseError::fail(format!("{e}\n{yaml}")))?;
+            let user = policy.for_user("u");
+
+            let mut seen = Vec::new();
+            let mut owners = vec![("user u".to_owned(), &own)];
+            for &i in &member_of {
+                if !seen.contains(&i) { seen.push(i); owners.push((format!("role r{i}"), &roles[i])); }
+            }
+            for (server, uri, mime) in resources {
+                let mut r = res(&format!("{server}:{uri}"));
+                r.mime_type = mime.map(str::to_owned);
+                let first = |effect: Effect| owners.iter().find_map(|(owner, (allow, deny))| {
+                    let list = if effect == Effect::Allow { allow } else { deny };
+                    list.iter().position(|t| wide_rule_matches(t, &r)).map(|i| (owner.clone(), effect, i, rule_yaml(&list[i]).replace("{  }", "{}")))
+                });
+                let expected = first(Effect::Deny).or_else(|| first(Effect::Allow));
+                let d = user.decide(&r);
+                prop_assert_eq!(d.allowed, matches!(expected, Some((_, Effect::Allow, _, _))), "{:?}\n{}", r, yaml);
+                let got = d.rule.map(|x| (x.owner.clone(), x.effect, x.index, x.rule.clone(), x.line, x.file));
+                let want = expected.map(|(o, e, i, text)| {
+                    let line = line_of.get(&(o.clone(), e == Effect::Allow, i)).copied();
+                    (o, e, i, text, line, PathBuf::from("p.yaml"))
+                });
+                prop_assert_eq!(got, want, "{:?}\n{}", r, yaml);
             }
         }
     }

@@ -80,7 +80,7 @@ fn allow_rule(rng: &mut Rng, r: usize) -> String {
         15 => format!(r#"{{ server: docs, uri: "docs://projects/p{p}/**/*.md" }}"#),
         16 => format!(r#"{{ server: drive, uri: "drive://files/t{r}/[a-m]*" }}"#),
         17 => format!(r#"{{ server: tickets, uri: "tickets://projects/p{p}/t?{n}" }}"#),
-        18 => format!(r#"{{ server: docs, uri: "docs://public/**", mime: "text/markdown" }}"#),
+        18 => r#"{ server: docs, uri: "docs://public/**", mime: "text/markdown" }"#.to_owned(),
         _ => format!(r#"{{ server: crm, uri: "crm://accounts/a{n}/contacts/*" }}"#),
     }
 }
