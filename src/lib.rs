@@ -64,7 +64,7 @@ pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
 pub use hub::{Hub, HubEvent, ServerFailure, ServerStatus};
 pub use id::ResourceId;
 pub use inject::{MESSAGE_NAME, inject_message, is_context_message};
-pub use policy::{Decision, Effect, Policy, PolicySummary, RuleRef, UserPolicy};
+pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 pub use report::{ExcludeReason, Excluded, Included, Report, Timings};
 pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
