@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::common::*;
 
 /// `cargo test` builds the examples next to the test binaries.
-fn chatbot_binary() -> PathBuf {
+pub(crate) fn chatbot_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     dir.join("examples").join("chatbot")
@@ -262,7 +262,7 @@ async fn on_a_terminal_it_uses_the_line_editor() {
     let config = write_config(dir.path(), &t);
     let llm = FakeLlm::start(Reply::Stream(vec!["Hello ".into(), "from the model".into()])).await;
     let Some((master, slave)) = open_pty() else {
-        eprintln!("SKIPPED on_a_terminal_it_uses_the_line_editor: no pseudo-terminal on this system");
+        skip("on_a_terminal_it_uses_the_line_editor", "no pseudo-terminal on this system");
         return;
     };
     let tty = || std::fs::OpenOptions::new().read(true).write(true).open(&slave).unwrap();
