@@ -34,6 +34,7 @@
 
 mod budget;
 mod cache;
+mod cause;
 mod client;
 mod config;
 mod context;

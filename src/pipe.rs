@@ -17,10 +17,12 @@
 //!
 //! Lines longer than [`MAX_LINE`] are dropped (the request they answer then
 //! times out, as with rmcp); lines that are not MCP messages (junk, or JSON
-//! of another shape) are ignored and logged at debug level, where rmcp's own
-//! transport answers the second kind with an Invalid Request error that a
-//! confused server may echo back; a blank line, a trailing `\r` and a UTF-8
-//! byte-order mark are tolerated.
+//! of another shape) are ignored, where rmcp's own transport answers the
+//! second kind with an Invalid Request error that a confused server may echo
+//! back; a blank line, a trailing `\r` and a UTF-8 byte-order mark are
+//! tolerated. The first ignored line is kept in [`Diagnostics`] (a banner, or
+//! the wrong program entirely, is what a user needs to see when a handshake
+//! fails) and, once connected, warned about once.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -43,6 +45,91 @@ pub const MAX_LINE: usize = 16 * 1024 * 1024;
 /// Most bytes gathered into one write.
 const MAX_BATCH: usize = 1 << 20;
 
+/// Longest excerpt of a non-JSON line kept for messages.
+const JUNK_EXCERPT: usize = 120;
+
+/// What the pipe saw that explains a failure: shared with the hub, which
+/// outlives the transport (rmcp drops it when a handshake fails).
+#[derive(Default)]
+pub struct Diagnostics {
+    state: Mutex<DiagState>,
+}
+
+#[derive(Default)]
+struct DiagState {
+    server: String,
+    first_junk: Option<String>,
+    warned: bool,
+    connected: bool,
+    exit: Option<std::process::ExitStatus>,
+}
+
+impl Diagnostics {
+    /// Diagnostics of the server called `server` (for its warnings).
+    pub fn new(server: &str) -> Arc<Diagnostics> {
+        Arc::new(Diagnostics { state: Mutex::new(DiagState { server: server.to_owned(), ..DiagState::default() }) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DiagState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The first line the server wrote on stdout that was not an MCP
+    /// message, quoted and truncated.
+    pub fn first_junk(&self) -> Option<String> {
+        self.lock().first_junk.clone()
+    }
+
+    /// How the process ended, if it did while its stdout was read.
+    pub fn exit_status(&self) -> Option<std::process::ExitStatus> {
+        self.lock().exit
+    }
+
+    /// The handshake succeeded: junk seen so far (and the first one seen
+    /// later) is a warning, once, rather than part of an error.
+    pub fn connected(&self) {
+        let mut s = self.lock();
+        s.connected = true;
+        s.warn_once();
+    }
+
+    fn junk(&self, line: &[u8]) {
+        let mut s = self.lock();
+        if s.first_junk.is_none() {
+            s.first_junk = Some(excerpt(line));
+        }
+        if s.connected {
+            s.warn_once();
+        }
+    }
+}
+
+impl DiagState {
+    fn warn_once(&mut self) {
+        if let Some(junk) = &self.first_junk
+            && !std::mem::replace(&mut self.warned, true)
+        {
+            tracing::warn!("server `{}` wrote non-JSON on stdout (ignored): {junk}", self.server);
+        }
+    }
+}
+
+/// `'text'`, lossy UTF-8, control characters escaped, at most
+/// [`JUNK_EXCERPT`] characters (then `…`).
+fn excerpt(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    let mut out = String::from("'");
+    for (i, c) in text.chars().enumerate() {
+        if i == JUNK_EXCERPT {
+            out.push('…');
+            break;
+        }
+        if c.is_control() { out.extend(c.escape_default()) } else { out.push(c) }
+    }
+    out.push('\'');
+    out
+}
+
 /// A spawned server's pipes, as an rmcp [`Transport`].
 pub struct ChildPipe {
     child: Option<Box<dyn ChildWrapper>>,
@@ -55,11 +142,13 @@ pub struct ChildPipe {
     writer: Option<tokio::task::JoinHandle<()>>,
     /// Ids of our `resources/read` requests still waiting for an answer.
     reads: Arc<Mutex<HashSet<RequestId>>>,
+    diag: Arc<Diagnostics>,
 }
 
 impl ChildPipe {
-    /// Takes the child's stdin and stdout (both must be piped).
-    pub fn new(mut child: Box<dyn ChildWrapper>) -> std::io::Result<ChildPipe> {
+    /// Takes the child's stdin and stdout (both must be piped). What the
+    /// pipe notices (junk, the exit status) goes to `diag`.
+    pub fn new(mut child: Box<dyn ChildWrapper>, diag: Arc<Diagnostics>) -> std::io::Result<ChildPipe> {
         let missing = |what| std::io::Error::other(format!("the child's {what} is not piped"));
         let stdin = child.inner_mut().stdin().take().ok_or_else(|| missing("stdin"))?;
         let stdout = child.inner_mut().stdout().take().ok_or_else(|| missing("stdout"))?;
@@ -73,7 +162,19 @@ impl ChildPipe {
             queue: Some(queue),
             writer: Some(tokio::spawn(write_loop(stdin, rx))),
             reads: Arc::default(),
+            diag,
         })
+    }
+
+    /// The server's stdout ended: note how the process ended (it usually
+    /// exits at the same moment; a process that only closed stdout is not
+    /// waited for long).
+    async fn note_exit(&mut self) {
+        if let Some(child) = self.child.as_mut()
+            && let Ok(Ok(status)) = tokio::time::timeout(std::time::Duration::from_millis(500), child.wait()).await
+        {
+            self.diag.lock().exit = Some(status);
+        }
     }
 
     /// Reads one line into `self.line`, never holding more than [`MAX_LINE`]
@@ -124,6 +225,7 @@ impl ChildPipe {
             }
             Err(e) => {
                 tracing::debug!("ignoring a line the server sent that is not an MCP message: {e}");
+                self.diag.junk(line);
                 None
             }
         }
@@ -259,9 +361,13 @@ impl Transport<RoleClient> for ChildPipe {
         loop {
             match self.read_line().await {
                 Ok(Some(())) => {}
-                Ok(None) => return None,
+                Ok(None) => {
+                    self.note_exit().await;
+                    return None;
+                }
                 Err(e) => {
                     tracing::debug!("reading the server's stdout failed: {e}");
+                    self.note_exit().await;
                     return None;
                 }
             }
@@ -337,7 +443,7 @@ mod tests {
         cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
         let mut wrapped = CommandWrap::from(cmd);
         wrapped.wrap(KillOnDrop);
-        ChildPipe::new(wrapped.spawn().expect("sh")).expect("pipes")
+        ChildPipe::new(wrapped.spawn().expect("sh"), Diagnostics::new("t")).expect("pipes")
     }
 
     fn read_request(id: i64, uri: &str) -> ClientJsonRpcMessage {
@@ -391,7 +497,7 @@ mod tests {
         cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
         let mut wrapped = CommandWrap::from(cmd);
         wrapped.wrap(KillOnDrop);
-        let mut pipe = ChildPipe::new(wrapped.spawn().expect("sh")).expect("pipes");
+        let mut pipe = ChildPipe::new(wrapped.spawn().expect("sh"), Diagnostics::new("t")).expect("pipes");
         let n = 2000;
         for id in 0..n {
             pipe.send(read_request(id, &format!("a://{id}"))).await.expect("queued");
