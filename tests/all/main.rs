@@ -9,6 +9,7 @@ mod cache;
 mod chatbot;
 mod cli;
 mod common;
+mod edges;
 mod faults;
 mod hub;
 mod inject;
