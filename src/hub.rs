@@ -1010,6 +1010,10 @@ fn scrub_error(cfg: &ServerConfig, e: Error) -> Error {
 
 fn map_service_error(e: ServiceError, server: &str, what: &str, id: Option<&ResourceId>) -> Error {
     match e {
+        // Our transport's own verdict on an over-long answer, not the server's.
+        ServiceError::McpError(d) if d.code.0 == crate::pipe::TOO_LARGE => {
+            Error::Protocol { server: server.to_owned(), what: what.to_owned(), message: d.message.to_string() }
+        }
         ServiceError::McpError(d)
             if id.is_some() && (d.code == ErrorCode::RESOURCE_NOT_FOUND || d.code == ErrorCode::INVALID_PARAMS) =>
         {

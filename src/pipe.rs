@@ -15,8 +15,9 @@
 //!   every other line still goes through rmcp's own decoder, so notifications,
 //!   errors and server requests behave exactly as before.
 //!
-//! Lines longer than [`MAX_LINE`] are dropped (the request they answer then
-//! times out, as with rmcp); lines that are not MCP messages (junk, or JSON
+//! A line longer than [`MAX_LINE`] is not kept: the request it answers (its
+//! `id`, found near the start or the end of the line) fails at once with
+//! "answer larger than N bytes" rather than waiting out its timeout; lines that are not MCP messages (junk, or JSON
 //! of another shape) are ignored, where rmcp's own transport answers the
 //! second kind with an Invalid Request error that a confused server may echo
 //! back; a blank line, a trailing `\r` and a UTF-8 byte-order mark are
@@ -44,6 +45,14 @@ use tokio::sync::mpsc;
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
 /// Most bytes gathered into one write.
 const MAX_BATCH: usize = 1 << 20;
+
+/// JSON-RPC error code of our own "answer larger than N bytes" (in the
+/// implementation-defined server-error range); the hub maps it to a
+/// protocol error, not to an error the server reported.
+pub const TOO_LARGE: i32 = -32099;
+
+/// Bytes kept from each end of an over-long line to find its `id`.
+const ID_WINDOW: usize = 512;
 
 /// Longest excerpt of a non-JSON line kept for messages.
 const JUNK_EXCERPT: usize = 120;
@@ -136,8 +145,9 @@ pub struct ChildPipe {
     stdout: BufReader<ChildStdout>,
     line: Vec<u8>,
     max_line: usize,
-    /// Dropping the line being read because it is over [`MAX_LINE`].
-    discarding: bool,
+    /// Dropping the line being read because it is over [`MAX_LINE`]: its
+    /// first and last bytes (where its `id` is) and its length so far.
+    discarding: Option<Overlong>,
     queue: Option<mpsc::UnboundedSender<Vec<u8>>>,
     writer: Option<tokio::task::JoinHandle<()>>,
     /// Ids of our `resources/read` requests still waiting for an answer.
@@ -158,7 +168,7 @@ impl ChildPipe {
             stdout: BufReader::with_capacity(64 * 1024, stdout),
             line: Vec::new(),
             max_line: MAX_LINE,
-            discarding: false,
+            discarding: None,
             queue: Some(queue),
             writer: Some(tokio::spawn(write_loop(stdin, rx))),
             reads: Arc::default(),
@@ -178,9 +188,10 @@ impl ChildPipe {
     }
 
     /// Reads one line into `self.line`, never holding more than [`MAX_LINE`]
-    /// bytes. Cancel-safe: a partial line stays in `self.line` for the next
-    /// call (rmcp polls `receive` inside a `select!`).
-    async fn read_line(&mut self) -> std::io::Result<Option<()>> {
+    /// bytes (a longer one comes back as [`Line::Overlong`]). Cancel-safe: a
+    /// partial line stays in `self` for the next call (rmcp polls `receive`
+    /// inside a `select!`).
+    async fn read_line(&mut self) -> std::io::Result<Option<Line>> {
         loop {
             let available = self.stdout.fill_buf().await?;
             if available.is_empty() {
@@ -190,23 +201,42 @@ impl ChildPipe {
                 Some(i) => (i + 1, true),
                 None => (available.len(), false),
             };
-            if !self.discarding {
-                if self.line.len() + take > self.max_line {
-                    tracing::warn!(max = self.max_line, "a server sent a line over the limit; dropped");
+            match &mut self.discarding {
+                Some(over) => over.push(&available[..take]),
+                None if self.line.len() + take > self.max_line => {
+                    let mut over =
+                        Overlong { head: self.line[..self.line.len().min(ID_WINDOW)].to_vec(), ..Overlong::default() };
+                    over.push(&self.line);
+                    over.push(&available[..take]);
                     self.line.clear();
-                    self.discarding = true;
-                } else {
-                    self.line.extend_from_slice(&available[..take]);
+                    self.discarding = Some(over);
                 }
+                None => self.line.extend_from_slice(&available[..take]),
             }
             self.stdout.consume(take);
             if done {
-                if std::mem::take(&mut self.discarding) {
-                    continue;
-                }
-                return Ok(Some(()));
+                return Ok(Some(match self.discarding.take() {
+                    Some(over) => Line::Overlong(over),
+                    None => Line::Complete,
+                }));
             }
         }
+    }
+
+    /// The answer to an over-long line: an error for the request it
+    /// answers, so that the caller hears at once why, or nothing when no
+    /// `id` can be found in it.
+    fn overlong(&self, over: Overlong) -> Option<ServerJsonRpcMessage> {
+        let id = over.id();
+        tracing::debug!(bytes = over.len, ?id, max = self.max_line, "a server sent a line over the limit");
+        let id = id?;
+        self.reads.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        let message = format!("answer larger than {} bytes", self.max_line);
+        Some(JsonRpcMessage::Error(JsonRpcError {
+            jsonrpc: JsonRpcVersion2_0,
+            id: Some(id),
+            error: rmcp::model::ErrorData::new(rmcp::model::ErrorCode(TOO_LARGE), message, None),
+        }))
     }
 
     fn decode(&self, line: &[u8]) -> Option<ServerJsonRpcMessage> {
@@ -261,6 +291,48 @@ impl ChildPipe {
             id,
             result: ServerResult::ReadResourceResult(result),
         }))
+    }
+}
+
+/// What [`ChildPipe::read_line`] read.
+enum Line {
+    /// A whole line, in `ChildPipe::line`.
+    Complete,
+    /// A line over the limit, not kept.
+    Overlong(Overlong),
+}
+
+/// What is kept of an over-long line: enough to find its `id`, which
+/// servers write near the start (`{"jsonrpc":"2.0","id":7,"result":…`) or at
+/// the end (`…,"id":7}`).
+#[derive(Default)]
+struct Overlong {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    len: usize,
+}
+
+impl Overlong {
+    fn push(&mut self, bytes: &[u8]) {
+        self.len += bytes.len();
+        let keep = bytes.len().min(ID_WINDOW);
+        self.tail.extend_from_slice(&bytes[bytes.len() - keep..]);
+        if self.tail.len() > ID_WINDOW {
+            self.tail.drain(..self.tail.len() - ID_WINDOW);
+        }
+    }
+
+    fn id(&self) -> Option<RequestId> {
+        let after_key = |window: &[u8], last: bool| {
+            let key = b"\"id\"";
+            let mut hits = memchr::memmem::find_iter(window, key);
+            let at = if last { hits.last() } else { hits.next() }?;
+            let rest = &window[at + key.len()..];
+            let colon = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+            let rest = rest[colon..].strip_prefix(b":")?;
+            serde_json::Deserializer::from_slice(rest).into_iter::<RequestId>().next()?.ok()
+        };
+        after_key(&self.head, false).or_else(|| after_key(&self.tail, true))
     }
 }
 
@@ -360,7 +432,11 @@ impl Transport<RoleClient> for ChildPipe {
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
         loop {
             match self.read_line().await {
-                Ok(Some(())) => {}
+                Ok(Some(Line::Complete)) => {}
+                Ok(Some(Line::Overlong(over))) => match self.overlong(over) {
+                    Some(msg) => return Some(msg),
+                    None => continue,
+                },
                 Ok(None) => {
                     self.note_exit().await;
                     return None;
@@ -476,7 +552,11 @@ mod tests {
             notification,
             JsonRpcMessage::Notification(n) if matches!(n.notification, ServerNotification::ResourceListChangedNotification(_))
         ));
-        // Blank lines, junk and the over-long answer (id 9) are skipped.
+        // Blank lines and junk are skipped; the over-long answer (id 9) fails its request at once.
+        let JsonRpcMessage::Error(nine) = pipe.receive().await.expect("error 9") else { panic!("not an error") };
+        assert_eq!(nine.id, Some(RequestId::Number(9)));
+        assert_eq!(nine.error.message, "answer larger than 200 bytes");
+        assert_eq!(pipe.diag.first_junk().as_deref(), Some("'not json at all'"));
         let JsonRpcMessage::Response(one) = pipe.receive().await.expect("answer 1") else { panic!("not a response") };
         assert_eq!(one.id, RequestId::Number(1));
         let ServerResult::ReadResourceResult(r) = one.result else { panic!("not a read result") };
