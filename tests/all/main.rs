@@ -11,6 +11,7 @@ mod cli;
 mod common;
 mod edges;
 mod faults;
+mod gate;
 mod hub;
 mod inject;
 mod policy;
