@@ -83,12 +83,14 @@ const PHASES: &[Phase] = &[
 fn signal_case(phase: &Phase, signal: i32) -> Result<(), String> {
     let t = tag();
     let (_dir, cfg) = temp_config(&format!("servers:\n{}", fixture_server("fx", &t, phase.args)));
-    let child = cli(&cfg, phase.command).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = cli(&cfg, phase.command).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while tagged_processes(&t).len() < phase.procs && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(2));
     }
     if tagged_processes(&t).len() < phase.procs {
+        let _ = child.kill();
+        let _ = child.wait();
         return Err(format!("{}: the server did not start", phase.name));
     }
     std::thread::sleep(Duration::from_millis(phase.settle_ms));
