@@ -532,7 +532,7 @@ async fn connect_one(shared: &Shared, s: &Server) -> bool {
     let host =
         Host { server: s.cfg.name.as_str().into(), events: shared.events.clone(), relist: shared.relist_tx.clone() };
     let started = std::time::Instant::now();
-    match connect_server(&s.cfg, host).await.map_err(|e| s.cfg.scrub(&e)) {
+    match connect_server(&s.cfg, host, shared.max_resource_bytes).await.map_err(|e| s.cfg.scrub(&e)) {
         Ok(live) => {
             let connected = started.elapsed();
             let live = Arc::new(live);
@@ -619,7 +619,7 @@ fn group_alive(pgid: i32) -> bool {
     pgid > 1 && unsafe { libc::kill(-pgid, 0) } == 0
 }
 
-async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<Live, String> {
+async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std::result::Result<Live, String> {
     let timeout = cfg.timeout;
     match &cfg.transport {
         Transport::Stdio { command, command_display, args, env, inherit_env, cwd } => {
@@ -644,8 +644,8 @@ async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<L
             let tail = Arc::new(StdMutex::new(std::collections::VecDeque::new()));
             let drain = child.stderr().take().map(|e| tokio::spawn(drain_stderr(cfg.name.clone(), e, tail.clone())));
             let diag = Diagnostics::new(&cfg.name);
-            let transport =
-                ChildPipe::new(child, diag.clone()).map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
+            let transport = ChildPipe::new(child, diag.clone(), max_text)
+                .map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
             let failure = match tokio::time::timeout(timeout, host.serve(transport)).await {
                 Err(_) => format!("no answer to initialize within {} ms", timeout.as_millis()),
                 Ok(Err(e)) => match diag.exit_status() {
@@ -979,7 +979,9 @@ fn convert_contents(contents: Vec<ResourceContents>, max_bytes: usize) -> Conten
     let mut left = max_bytes;
     for c in contents {
         match c {
-            ResourceContents::TextResourceContents { mut text, mime_type, .. } => {
+            ResourceContents::TextResourceContents { mut text, mime_type, meta, .. } => {
+                // Cut already while it arrived (an answer too large to hold).
+                out.truncated_bytes += crate::large::marks(meta.as_ref()).0;
                 if text.len() > left {
                     let mut cut = left;
                     while !text.is_char_boundary(cut) {
@@ -993,8 +995,9 @@ fn convert_contents(contents: Vec<ResourceContents>, max_bytes: usize) -> Conten
                 }
                 out.parts.push(ContentPart::Text { text, mime_type });
             }
-            ResourceContents::BlobResourceContents { blob, mime_type, .. } => {
-                out.parts.push(ContentPart::Blob { mime_type, base64_len: blob.len() });
+            ResourceContents::BlobResourceContents { blob, mime_type, meta, .. } => {
+                let base64_len = crate::large::marks(meta.as_ref()).1.unwrap_or(blob.len());
+                out.parts.push(ContentPart::Blob { mime_type, base64_len });
             }
             _ => {}
         }
@@ -1015,7 +1018,7 @@ fn scrub_error(cfg: &ServerConfig, e: Error) -> Error {
 fn map_service_error(e: ServiceError, server: &str, what: &str, id: Option<&ResourceId>) -> Error {
     match e {
         // Our transport's own verdict on an over-long answer, not the server's.
-        ServiceError::McpError(d) if d.code.0 == crate::pipe::TOO_LARGE => {
+        ServiceError::McpError(d) if d.code.0 == crate::large::TOO_LARGE => {
             Error::Protocol { server: server.to_owned(), what: what.to_owned(), message: d.message.to_string() }
         }
         ServiceError::McpError(d)

@@ -44,6 +44,7 @@ mod gate;
 mod hub;
 mod id;
 mod inject;
+mod large;
 mod pipe;
 mod policy;
 mod render;

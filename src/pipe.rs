@@ -41,18 +41,12 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 
+use crate::large::LargeAnswer;
+
 /// Longest line accepted from a server (the same cap as rmcp's).
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
 /// Most bytes gathered into one write.
 const MAX_BATCH: usize = 1 << 20;
-
-/// JSON-RPC error code of our own "answer larger than N bytes" (in the
-/// implementation-defined server-error range); the hub maps it to a
-/// protocol error, not to an error the server reported.
-pub const TOO_LARGE: i32 = -32099;
-
-/// Bytes kept from each end of an over-long line to find its `id`.
-const ID_WINDOW: usize = 512;
 
 /// Longest excerpt of a non-JSON line kept for messages.
 const JUNK_EXCERPT: usize = 120;
@@ -145,9 +139,11 @@ pub struct ChildPipe {
     stdout: BufReader<ChildStdout>,
     line: Vec<u8>,
     max_line: usize,
-    /// Dropping the line being read because it is over [`MAX_LINE`]: its
-    /// first and last bytes (where its `id` is) and its length so far.
-    discarding: Option<Overlong>,
+    /// The line being read is over [`MAX_LINE`]: it is decoded as it
+    /// arrives instead of being kept.
+    discarding: Option<Box<LargeAnswer>>,
+    /// Bytes of text kept from an over-long read answer.
+    max_text: usize,
     queue: Option<mpsc::UnboundedSender<Vec<u8>>>,
     writer: Option<tokio::task::JoinHandle<()>>,
     /// Ids of our `resources/read` requests still waiting for an answer.
@@ -158,7 +154,12 @@ pub struct ChildPipe {
 impl ChildPipe {
     /// Takes the child's stdin and stdout (both must be piped). What the
     /// pipe notices (junk, the exit status) goes to `diag`.
-    pub fn new(mut child: Box<dyn ChildWrapper>, diag: Arc<Diagnostics>) -> std::io::Result<ChildPipe> {
+    /// An over-long read answer keeps `max_text` bytes of its text.
+    pub fn new(
+        mut child: Box<dyn ChildWrapper>,
+        diag: Arc<Diagnostics>,
+        max_text: usize,
+    ) -> std::io::Result<ChildPipe> {
         let missing = |what| std::io::Error::other(format!("the child's {what} is not piped"));
         let stdin = child.inner_mut().stdin().take().ok_or_else(|| missing("stdin"))?;
         let stdout = child.inner_mut().stdout().take().ok_or_else(|| missing("stdout"))?;
@@ -169,6 +170,7 @@ impl ChildPipe {
             line: Vec::new(),
             max_line: MAX_LINE,
             discarding: None,
+            max_text,
             queue: Some(queue),
             writer: Some(tokio::spawn(write_loop(stdin, rx))),
             reads: Arc::default(),
@@ -202,14 +204,16 @@ impl ChildPipe {
                 None => (available.len(), false),
             };
             match &mut self.discarding {
-                Some(over) => over.push(&available[..take]),
+                Some(large) => {
+                    large.feed(&available[..take]);
+                }
                 None if self.line.len() + take > self.max_line => {
-                    let mut over =
-                        Overlong { head: self.line[..self.line.len().min(ID_WINDOW)].to_vec(), ..Overlong::default() };
-                    over.push(&self.line);
-                    over.push(&available[..take]);
-                    self.line.clear();
-                    self.discarding = Some(over);
+                    let mut large = Box::new(LargeAnswer::new(self.max_text, self.max_line));
+                    large.feed(&self.line);
+                    large.feed(&available[..take]);
+                    // Give the buffer back: it held a 16 MiB start of line.
+                    self.line = Vec::new();
+                    self.discarding = Some(large);
                 }
                 None => self.line.extend_from_slice(&available[..take]),
             }
@@ -223,20 +227,20 @@ impl ChildPipe {
         }
     }
 
-    /// The answer to an over-long line: an error for the request it
-    /// answers, so that the caller hears at once why, or nothing when no
-    /// `id` can be found in it.
-    fn overlong(&self, over: Overlong) -> Option<ServerJsonRpcMessage> {
-        let id = over.id();
-        tracing::debug!(bytes = over.len, ?id, max = self.max_line, "a server sent a line over the limit");
-        let id = id?;
-        self.reads.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        let message = format!("answer larger than {} bytes", self.max_line);
-        Some(JsonRpcMessage::Error(JsonRpcError {
-            jsonrpc: JsonRpcVersion2_0,
-            id: Some(id),
-            error: rmcp::model::ErrorData::new(rmcp::model::ErrorCode(TOO_LARGE), message, None),
-        }))
+    /// An over-long line, decoded: the read answer with its text cut, or
+    /// an error for the request it answers ("answer larger than N bytes"),
+    /// so that the caller hears at once; nothing when it has no `id`.
+    fn overlong(&self, large: LargeAnswer) -> Option<ServerJsonRpcMessage> {
+        let msg = large.finish();
+        tracing::debug!(max = self.max_line, usable = msg.is_some(), "a server sent a line over the limit");
+        if let Some(
+            JsonRpcMessage::Response(JsonRpcResponse { id, .. })
+            | JsonRpcMessage::Error(JsonRpcError { id: Some(id), .. }),
+        ) = &msg
+        {
+            self.reads.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        }
+        msg
     }
 
     fn decode(&self, line: &[u8]) -> Option<ServerJsonRpcMessage> {
@@ -298,42 +302,8 @@ impl ChildPipe {
 enum Line {
     /// A whole line, in `ChildPipe::line`.
     Complete,
-    /// A line over the limit, not kept.
-    Overlong(Overlong),
-}
-
-/// What is kept of an over-long line: enough to find its `id`, which
-/// servers write near the start (`{"jsonrpc":"2.0","id":7,"result":…`) or at
-/// the end (`…,"id":7}`).
-#[derive(Default)]
-struct Overlong {
-    head: Vec<u8>,
-    tail: Vec<u8>,
-    len: usize,
-}
-
-impl Overlong {
-    fn push(&mut self, bytes: &[u8]) {
-        self.len += bytes.len();
-        let keep = bytes.len().min(ID_WINDOW);
-        self.tail.extend_from_slice(&bytes[bytes.len() - keep..]);
-        if self.tail.len() > ID_WINDOW {
-            self.tail.drain(..self.tail.len() - ID_WINDOW);
-        }
-    }
-
-    fn id(&self) -> Option<RequestId> {
-        let after_key = |window: &[u8], last: bool| {
-            let key = b"\"id\"";
-            let mut hits = memchr::memmem::find_iter(window, key);
-            let at = if last { hits.last() } else { hits.next() }?;
-            let rest = &window[at + key.len()..];
-            let colon = rest.iter().position(|b| !b.is_ascii_whitespace())?;
-            let rest = rest[colon..].strip_prefix(b":")?;
-            serde_json::Deserializer::from_slice(rest).into_iter::<RequestId>().next()?.ok()
-        };
-        after_key(&self.head, false).or_else(|| after_key(&self.tail, true))
-    }
+    /// A line over the limit, decoded as it arrived.
+    Overlong(Box<LargeAnswer>),
 }
 
 /// Decodes a `resources/read` result the common way: contents that are each
@@ -433,7 +403,7 @@ impl Transport<RoleClient> for ChildPipe {
         loop {
             match self.read_line().await {
                 Ok(Some(Line::Complete)) => {}
-                Ok(Some(Line::Overlong(over))) => match self.overlong(over) {
+                Ok(Some(Line::Overlong(large))) => match self.overlong(*large) {
                     Some(msg) => return Some(msg),
                     None => continue,
                 },
@@ -519,7 +489,7 @@ mod tests {
         cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
         let mut wrapped = CommandWrap::from(cmd);
         wrapped.wrap(KillOnDrop);
-        ChildPipe::new(wrapped.spawn().expect("sh"), Diagnostics::new("t")).expect("pipes")
+        ChildPipe::new(wrapped.spawn().expect("sh"), Diagnostics::new("t"), 1 << 20).expect("pipes")
     }
 
     fn read_request(id: i64, uri: &str) -> ClientJsonRpcMessage {
@@ -577,7 +547,7 @@ mod tests {
         cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
         let mut wrapped = CommandWrap::from(cmd);
         wrapped.wrap(KillOnDrop);
-        let mut pipe = ChildPipe::new(wrapped.spawn().expect("sh"), Diagnostics::new("t")).expect("pipes");
+        let mut pipe = ChildPipe::new(wrapped.spawn().expect("sh"), Diagnostics::new("t"), 1 << 20).expect("pipes");
         let n = 2000;
         for id in 0..n {
             pipe.send(read_request(id, &format!("a://{id}"))).await.expect("queued");
