@@ -678,7 +678,8 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
                 let value = http::HeaderValue::from_str(v).map_err(|_| format!("invalid value for header `{k}`"))?;
                 map.insert(name, value);
             }
-            let transport = StreamableHttpClientTransport::from_config(
+            let transport = StreamableHttpClientTransport::with_client(
+                crate::http::ReadStreamingClient::new(max_text),
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
             );
             let service = match tokio::time::timeout(timeout, host.serve(transport)).await {

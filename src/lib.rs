@@ -41,6 +41,7 @@ mod context;
 pub mod demo;
 mod error;
 mod gate;
+mod http;
 mod hub;
 mod id;
 mod inject;
