@@ -124,7 +124,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         args.dry_run = true;
     }
     let config = Config::load(&Config::locate(args.config.as_deref()))?;
-    let context = Arc::new(McpContext::from_config(&config).await?);
+    // Listen before any server is spawned: a signal while they start (or
+    // later) then ends the chat through `close()`, leaving no process behind.
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut hup) = (signal(SignalKind::terminate())?, signal(SignalKind::hangup())?);
+    let mut int = signal(SignalKind::interrupt())?;
+    let context = tokio::select! {
+        c = McpContext::from_config(&config) => Arc::new(c?),
+        _ = int.recv() => return Err("interrupted while connecting".into()),
+        _ = term.recv() => return Err("terminated while connecting".into()),
+        _ = hup.recv() => return Err("hung up while connecting".into()),
+    };
+    drop(int); // from here Ctrl-C stops an answer (or the line input), not the chat
     for f in context.hub().failures() {
         eprintln!("warning: server {} failed: {}", f.server, f.error);
     }
@@ -133,7 +144,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         openai = openai.with_api_base(b.trim_end_matches('/'));
     }
     let client = ContextClient::new(async_openai::Client::with_config(openai), context.clone());
-    let result = chat(&client, &mut args, interactive).await;
+    let result = tokio::select! {
+        r = chat(&client, &mut args, interactive) => r,
+        _ = term.recv() => Ok(()),
+        _ = hup.recv() => Ok(()),
+    };
     context.close().await;
     result
 }

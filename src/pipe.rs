@@ -15,13 +15,15 @@
 //!   every other line still goes through rmcp's own decoder, so notifications,
 //!   errors and server requests behave exactly as before.
 //!
-//! A line longer than [`MAX_LINE`] is not kept: the request it answers (its
-//! `id`, found near the start or the end of the line) fails at once with
-//! "answer larger than N bytes" rather than waiting out its timeout; lines that are not MCP messages (junk, or JSON
-//! of another shape) are ignored, where rmcp's own transport answers the
-//! second kind with an Invalid Request error that a confused server may echo
-//! back; a blank line, a trailing `\r` and a UTF-8 byte-order mark are
-//! tolerated. The first ignored line is kept in [`Diagnostics`] (a banner, or
+//! A line longer than [`MAX_LINE`] is not kept whole: it is decoded as it
+//! arrives (`large`), so a huge `resources/read` answer keeps its first
+//! `max_resource_bytes` of text, cut and marked, in bounded memory; any
+//! other over-long message fails its request at once with "answer larger
+//! than N bytes" rather than waiting out its timeout. Lines that are not MCP
+//! messages (junk, or JSON of another shape) are ignored, where rmcp's own
+//! transport answers the second kind with an Invalid Request error that a
+//! confused server may echo back; a blank line, a trailing `\r` and a UTF-8
+//! byte-order mark are tolerated. The first ignored line is kept in [`Diagnostics`] (a banner, or
 //! the wrong program entirely, is what a user needs to see when a handshake
 //! fails) and, once connected, warned about once.
 

@@ -499,8 +499,8 @@ fn assert_cut(v: &serde_json::Value, content: &str, big: &str, small: &str, size
 fn huge_over_stdio(size: usize) -> (f64, f64) {
     let t = tag();
     let (_dir, cfg) = temp_config(&format!(
-        "servers:\n{}{}context:\n  max_tokens: 400000\n",
-        fixture_server("fx", &t, &["--specials", "--big-bytes", &size.to_string()]).replace("20000", "120000"),
+        "servers:\n{}{}context:\n  max_tokens: 400000\n  deadline_ms: 600000\n",
+        fixture_server("fx", &t, &["--specials", "--big-bytes", &size.to_string()]).replace("20000", "600000"),
         demo_server("demo", &t)
     ));
     let (v, content, peak, secs) = preview_big(&cfg, "fx:fx://big", "demo:demo://docs/guide");
@@ -514,7 +514,7 @@ async fn huge_over_http(size: usize, json: bool) -> (f64, f64) {
     let opts = Options { n: 1, specials: true, big_bytes: size, ..Default::default() };
     let (url, _fixture, stop) = http_fixture_as(opts, json).await;
     let (_dir, cfg) = temp_config(&format!(
-        "servers:\n  web:\n    url: {url:?}\n    timeout_ms: 120000\n{}context:\n  max_tokens: 400000\n",
+        "servers:\n  web:\n    url: {url:?}\n    timeout_ms: 600000\n{}context:\n  max_tokens: 400000\n  deadline_ms: 600000\n",
         demo_server("demo", &t)
     ));
     let what = format!("HTTP {}, {size} bytes", if json { "JSON" } else { "SSE" });
@@ -563,4 +563,44 @@ async fn a_1_gib_resource_over_stdio_and_http() {
     eprintln!("1 GiB over HTTP (JSON): {secs:.1} s, peak RSS {peak:.1} MiB");
     let (peak, secs) = huge_over_http(size, false).await;
     eprintln!("1 GiB over HTTP (SSE): {secs:.1} s, peak RSS {peak:.1} MiB");
+}
+
+#[test]
+fn the_chatbot_stopped_while_servers_start_leaves_no_process() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let t = tag();
+        let (_dir, cfg) = temp_config(&format!(
+            "servers:\n{}",
+            fixture_server("fx", &t, &["--hang-init", "--ignore-term", "--grandchild"])
+        ));
+        let child = crate::chatbot::chat_command(&cfg, None)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tagged_processes(&t).len() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(tagged_processes(&t).len(), 2, "server and grandchild are up");
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let out = child.wait_with_output().unwrap();
+        assert!(text(&out.stderr).contains("while connecting"), "{}", text(&out.stderr));
+        assert!(wait_gone_blocking(&t).is_empty(), "signal {signal}: left {:?}", tagged_processes(&t));
+    }
+}
+
+#[test]
+fn a_blob_over_the_line_cap_becomes_its_placeholder() {
+    let t = tag();
+    let (_dir, cfg) = temp_config(&format!(
+        "servers:\n{}",
+        fixture_server("fx", &t, &["--specials", "--blob-bytes", "20000000"]).replace("20000", "600000")
+    ));
+    let out = run(&cfg, &["read", "fx:fx://bigblob"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "[Binary Data (application/zip)]\n");
+    assert!(wait_gone_blocking(&t).is_empty());
 }
