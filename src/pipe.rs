@@ -509,6 +509,7 @@ mod tests {
             "\\n   \\n".to_owned(),
             "not json at all\\n".to_owned(),
             format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{{\"contents\":[{{\"uri\":\"{long}\",\"text\":\"t\"}}]}}}}\\n"),
+            format!("{{\"jsonrpc\":\"2.0\",\"result\":{{\"resources\":[{{\"uri\":\"{long}\",\"name\":\"n\"}}]}},\"id\":10}}\\n"),
             "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"contents\":[{\"uri\":\"a://1\",\"text\":\"one\"}]}}\\r\\n".to_owned(),
             "{\"jsonrpc\":\"2.0\",\"id\":2,\"error\":{\"code\":-32002,\"message\":\"nope\"}}\\n".to_owned(),
             "{\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"contents\":[{\"uri\":\"a://3\",\"text\":\"three\"}],\"ttlMs\":7}}".to_owned(),
@@ -524,10 +525,17 @@ mod tests {
             notification,
             JsonRpcMessage::Notification(n) if matches!(n.notification, ServerNotification::ResourceListChangedNotification(_))
         ));
-        // Blank lines and junk are skipped; the over-long answer (id 9) fails its request at once.
-        let JsonRpcMessage::Error(nine) = pipe.receive().await.expect("error 9") else { panic!("not an error") };
-        assert_eq!(nine.id, Some(RequestId::Number(9)));
-        assert_eq!(nine.error.message, "answer larger than 200 bytes");
+        // Blank lines and junk are skipped; the over-long read answer (id 9) is decoded as it
+        // arrives; the over-long listing (id 10) cannot be cut and fails its request at once.
+        let JsonRpcMessage::Response(nine) = pipe.receive().await.expect("answer 9") else { panic!("not a response") };
+        assert_eq!(nine.id, RequestId::Number(9));
+        let ServerResult::ReadResourceResult(r) = nine.result else { panic!("not a read result") };
+        assert!(
+            matches!(&r.contents[0], ResourceContents::TextResourceContents { text, uri, .. } if text == "t" && uri == &long)
+        );
+        let JsonRpcMessage::Error(ten) = pipe.receive().await.expect("error 10") else { panic!("not an error") };
+        assert_eq!(ten.id, Some(RequestId::Number(10)));
+        assert_eq!(ten.error.message, "answer larger than 200 bytes");
         assert_eq!(pipe.diag.first_junk().as_deref(), Some("'not json at all'"));
         let JsonRpcMessage::Response(one) = pipe.receive().await.expect("answer 1") else { panic!("not a response") };
         assert_eq!(one.id, RequestId::Number(1));
