@@ -222,7 +222,7 @@ async fn chat(
         // The context is injected here, before the endpoint is called, so
         // `/context` shows what was injected even when the call then fails.
         let injected = if args.inject {
-            match ctx.inject_with(request, &creq).await {
+            match ctx.inject(request, &creq).await {
                 Ok((request, report)) => {
                     last_report = Some(report);
                     Ok(request)

@@ -151,11 +151,26 @@ impl LargeAnswer {
     /// Consumes `bytes`; returns how many were used (all, unless the
     /// message ended inside them).
     pub(crate) fn feed(&mut self, bytes: &[u8]) -> usize {
-        for (i, &b) in bytes.iter().enumerate() {
+        let mut i = 0;
+        while i < bytes.len() {
             if self.done {
                 return i;
             }
-            self.byte(b);
+            // Inside a string, everything up to the next quote or backslash
+            // goes to its sink in one piece: the text of a huge resource is
+            // almost all of the message.
+            if let Lex::Str { sink, escape: Escape::None } = self.lex
+                && self.pending_high.is_none()
+            {
+                let run = memchr::memchr2(b'"', b'\\', &bytes[i..]).unwrap_or(bytes.len() - i);
+                if run > 0 {
+                    self.emit(sink, &bytes[i..i + run]);
+                    i += run;
+                    continue;
+                }
+            }
+            self.byte(bytes[i]);
+            i += 1;
         }
         bytes.len()
     }
@@ -299,7 +314,10 @@ impl LargeAnswer {
                     self.end_string(sink);
                 }
                 b'\\' => self.lex = Lex::Str { sink, escape: Escape::Backslash },
-                _ => self.emit(sink, &[b]),
+                _ => {
+                    self.flush_high(sink);
+                    self.emit(sink, &[b]);
+                }
             },
             Escape::Backslash => {
                 let plain = match b {
