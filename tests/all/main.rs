@@ -14,4 +14,5 @@ mod hub;
 mod inject;
 mod policy;
 mod security;
+mod serve;
 mod tools;
