@@ -763,3 +763,155 @@ async fn sigterm_lets_a_running_stream_finish_then_exits_leaving_no_process() {
     let left = wait_gone(&proxy.tag, Duration::from_secs(5)).await;
     assert!(left.is_empty(), "processes left: {left:?}");
 }
+
+// ---------------------------------------------------------------- official clients
+
+/// A tool an official-client test needs is missing: SKIPPED on a dev box, a failure under CI.
+fn missing(test: &str, why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test}: {why} (CI=true: .ci/run installs it)");
+    }
+    eprintln!("SKIPPED {test}: {why}");
+}
+
+/// The Python of a venv under `target/` with the official `openai` package
+/// (`tests/python/requirements.txt`), created on first use (`.ci/run`
+/// creates it up front). An error when Python or the install is missing.
+fn python_openai() -> Result<PathBuf, String> {
+    let venv = std::path::Path::new(ROOT).join("target/py-openai");
+    let python = venv.join("bin/python");
+    let has_openai = |p: &std::path::Path| {
+        std::process::Command::new(p).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success())
+    };
+    if python.exists() && has_openai(&python) {
+        return Ok(python);
+    }
+    let made = std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv).output();
+    match made {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => return Err(format!("python3 -m venv failed: {}", String::from_utf8_lossy(&o.stderr))),
+        Err(e) => return Err(format!("python3 not found: {e}")),
+    }
+    let requirements = std::path::Path::new(ROOT).join("tests/python/requirements.txt");
+    let pip = std::process::Command::new(venv.join("bin/pip")).args(["install", "-q", "-r"]).arg(requirements).output();
+    match pip {
+        Ok(o) if o.status.success() && has_openai(&python) => Ok(python),
+        other => Err(format!("pip install openai failed: {other:?}")),
+    }
+}
+
+/// Checks what the upstream saw from an official client: four requests
+/// (chat, chat streamed, responses, responses streamed), each with bob's
+/// context first and once, and the client's own user agent.
+fn check_official_client_requests(seen: &[Seen], expected: &str, agent: &str) {
+    assert_eq!(seen.len(), 4, "{seen:#?}");
+    for s in &seen[..2] {
+        assert_eq!(s.path, "/v1/chat/completions");
+        let msgs = s.body["messages"].as_array().unwrap();
+        assert_eq!(msgs[0], json!({"role": "system", "content": expected, "name": "mcp_context"}));
+        assert_eq!(msgs.iter().filter(|m| m["name"] == "mcp_context").count(), 1);
+        assert_eq!(msgs[1], json!({"role": "user", "content": "What is new?"}));
+        assert_eq!(s.headers["authorization"], "Bearer sk-upstream-1");
+        assert!(s.headers["user-agent"].contains(agent), "{:?}", s.headers["user-agent"]);
+    }
+    assert_eq!(seen[1].body["stream"], true);
+    for s in &seen[2..] {
+        assert_eq!(s.path, "/v1/responses");
+        assert_eq!(s.body["instructions"], format!("<mcp_context>\n{expected}\n</mcp_context>\n\nAnswer briefly."));
+        assert_eq!(s.body["input"], "What is new?");
+    }
+    assert_eq!(seen[3].body["stream"], true);
+}
+
+const PY_CLIENT: &str = r#"
+import json, sys
+from openai import OpenAI
+client = OpenAI(base_url=sys.argv[1], api_key="key-bob")
+out = {}
+r = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "What is new?"}])
+out["chat"] = r.choices[0].message.content
+s = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "What is new?"}], stream=True)
+out["chat_stream"] = "".join(c.choices[0].delta.content or "" for c in s if c.choices)
+r = client.responses.create(model="gpt-4o", input="What is new?", instructions="Answer briefly.")
+out["responses"] = r.output_text
+s = client.responses.create(model="gpt-4o", input="What is new?", instructions="Answer briefly.", stream=True)
+out["responses_stream"] = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+try:
+    OpenAI(base_url=sys.argv[1], api_key="key-eve").chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+except Exception as e:
+    out["error"] = [type(e).__name__, e.status_code, e.code]
+print(json.dumps(out))
+"#;
+
+const NODE_CLIENT: &str = r#"
+const OpenAI = require("openai");
+(async () => {
+  const client = new OpenAI({ baseURL: process.argv[1], apiKey: "key-bob" });
+  const out = {};
+  const r = await client.chat.completions.create({ model: "gpt-4o", messages: [{ role: "user", content: "What is new?" }] });
+  out.chat = r.choices[0].message.content;
+  const s = await client.chat.completions.create({ model: "gpt-4o", messages: [{ role: "user", content: "What is new?" }], stream: true });
+  out.chat_stream = "";
+  for await (const c of s) out.chat_stream += (c.choices[0] && c.choices[0].delta.content) || "";
+  const rr = await client.responses.create({ model: "gpt-4o", input: "What is new?", instructions: "Answer briefly." });
+  out.responses = rr.output_text;
+  const rs = await client.responses.create({ model: "gpt-4o", input: "What is new?", instructions: "Answer briefly.", stream: true });
+  out.responses_stream = "";
+  for await (const e of rs) if (e.type === "response.output_text.delta") out.responses_stream += e.delta;
+  try {
+    await new OpenAI({ baseURL: process.argv[1], apiKey: "key-eve" }).chat.completions.create({ model: "gpt-4o", messages: [{ role: "user", content: "x" }] });
+  } catch (e) {
+    out.error = [e.constructor.name, e.status, e.code];
+  }
+  console.log(JSON.stringify(out));
+})().catch((e) => { console.error(e); process.exit(1); });
+"#;
+
+fn check_client_output(stdout: &[u8], error_class: &str) {
+    let out: Value = serde_json::from_slice(stdout).unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(stdout)));
+    for k in ["chat", "chat_stream", "responses", "responses_stream"] {
+        assert_eq!(out[k], ANSWER, "{k}: {out}");
+    }
+    assert_eq!(out["error"], json!([error_class, 401, "invalid_api_key"]), "{out}");
+}
+
+#[tokio::test]
+async fn the_official_python_client_works_through_the_proxy() {
+    let python = match tokio::task::spawn_blocking(python_openai).await.unwrap() {
+        Ok(p) => p,
+        Err(why) => return missing("the_official_python_client_works_through_the_proxy", &why),
+    };
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(&default_serve(), &up.base).await;
+    let out = tokio::process::Command::new(python)
+        .args(["-c", PY_CLIENT, &format!("{}/v1", proxy.url)])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    check_client_output(&out.stdout, "AuthenticationError");
+    check_official_client_requests(&up.seen(), &proxy.preview("bob").unwrap(), "OpenAI/Python");
+}
+
+#[tokio::test]
+async fn the_official_node_client_works_through_the_proxy() {
+    let modules = std::path::Path::new(ROOT).join("tests/node/node_modules");
+    let node_ok = std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !node_ok || !modules.join("openai/package.json").exists() {
+        return missing(
+            "the_official_node_client_works_through_the_proxy",
+            "node or tests/node/node_modules/openai missing (run `npm ci --prefix tests/node`)",
+        );
+    }
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(&default_serve(), &up.base).await;
+    let out = tokio::process::Command::new("node")
+        .args(["-e", NODE_CLIENT, &format!("{}/v1", proxy.url)])
+        .env("NODE_PATH", &modules)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    check_client_output(&out.stdout, "AuthenticationError");
+    check_official_client_requests(&up.seen(), &proxy.preview("bob").unwrap(), "OpenAI/JS");
+}
