@@ -591,7 +591,7 @@ async fn each_user_gets_exactly_their_own_context_under_concurrent_load() {
         x ^= x << 17;
         let (how, user) = users[(x % 4) as usize];
         let mut body = chat_body(&format!("request {i}"));
-        if x % 3 == 0 {
+        if x.is_multiple_of(3) {
             body["stream"] = json!(true);
         }
         let req = if let Some(h) = how.strip_prefix("hdr:") {
