@@ -442,6 +442,10 @@ impl Hub {
     /// Reads one resource (`resources/read`), bounded by the server's timeout
     /// and its limit of reads in flight. Text beyond `max_resource_bytes` is
     /// cut here, before anything tokenises it.
+    ///
+    /// This is the operator's raw read (the `read` command): no policy, no
+    /// gate. Anything that reads for a user goes through [`crate::admit`]
+    /// and the policy first, as [`crate::McpContext`] does.
     pub async fn read(&self, id: &ResourceId) -> Result<Contents> {
         let server = self.server(&id.server)?;
         let live = self.live(server).await?;

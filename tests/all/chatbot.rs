@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::common::*;
 
 /// `cargo test` builds the examples next to the test binaries.
-fn chatbot_binary() -> PathBuf {
+pub(crate) fn chatbot_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     dir.join("examples").join("chatbot")

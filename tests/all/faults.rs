@@ -91,7 +91,8 @@ const CASES: &[Case] = &[
     },
     Case {
         name: "a response with a lone surrogate escape",
-        args: &["--specials"],
+        // Listed (`--dangerous`): an unlisted URI would be refused by the gate, never read.
+        args: &["--specials", "--dangerous"],
         select: &["fx:fx://surrogate", "fx:fx://doc/1"],
         check: |r, content| {
             // Either dropped as malformed (then the read times out) or, if a

@@ -10,6 +10,7 @@ mod chatbot;
 mod cli;
 mod common;
 mod faults;
+mod gate;
 mod hub;
 mod inject;
 mod policy;

@@ -346,13 +346,14 @@ impl ServerHandler for Fixture {
                 self.record(&resolved);
                 return Ok(ReadResourceResult::new(vec![ResourceContents::text(*text, uri.as_str())]).into());
             }
-            if let Some(id) = resolved.strip_prefix("acc://users/") {
+            // Template expansions: any account, any file under /docs.
+            let generated = match resolved.strip_prefix("acc://users/") {
+                Some(id) => Some(format!("account {id}")),
+                None => resolved.strip_prefix("file:///docs/").map(|p| format!("doc at /docs/{p}")),
+            };
+            if let Some(text) = generated {
                 self.record(&resolved);
-                return Ok(ReadResourceResult::new(vec![ResourceContents::text(
-                    format!("account {id}"),
-                    uri.as_str(),
-                )])
-                .into());
+                return Ok(ReadResourceResult::new(vec![ResourceContents::text(text, uri.as_str())]).into());
             }
         }
         self.record(&uri);
