@@ -81,6 +81,9 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
         .parse()
         .map_err(|_| anyhow::anyhow!("listen address `{}` is not IP:PORT (e.g. 127.0.0.1:8787)", settings.listen))?;
     let upstream = Upstream::new(&settings, base)?;
+    // Signal handlers first: a SIGTERM that arrives while the servers start
+    // must still drain and close them, not kill the process and orphan them.
+    let signals = Signals::install()?;
     // Bind before connecting to the servers: a port in use fails fast, with no child started.
     let listener =
         tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
@@ -113,7 +116,7 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
     }
     tracing::info!(%local, upstream = %relay::redact(&state.upstream.base), "serving");
 
-    let result = lifecycle(&state, &mut server).await;
+    let result = lifecycle(&state, signals, &mut server).await;
     state.draining.store(true, Ordering::SeqCst);
     stop.cancel();
     if result.is_ok() {
@@ -133,16 +136,35 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
     result
 }
 
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
 /// Waits for SIGTERM / Ctrl-C (Ok) or the server failing (Err); reloads the
 /// policy on SIGHUP meanwhile.
-async fn lifecycle(state: &Shared, server: &mut tokio::task::JoinHandle<std::io::Result<()>>) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hup = signal(SignalKind::hangup())?;
+async fn lifecycle(
+    state: &Shared,
+    signals: Signals,
+    server: &mut tokio::task::JoinHandle<std::io::Result<()>>,
+) -> anyhow::Result<()> {
+    let Signals { mut term, mut int, mut hup } = signals;
     loop {
         tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); return Ok(()); }
-            _ = tokio::signal::ctrl_c() => { tracing::info!("Ctrl-C: draining"); return Ok(()); }
+            _ = int.recv() => { tracing::info!("Ctrl-C: draining"); return Ok(()); }
             _ = hup.recv() => reload_policy(state),
             r = &mut *server => {
                 return match r {
