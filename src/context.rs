@@ -323,7 +323,13 @@ impl McpContext {
         let t = tokio::task::spawn_blocking(move || Tokenizer::for_model(&m))
             .await
             .map_err(|e| Error::Other(format!("tokenizer failed to load: {e}")))?;
-        self.tokenizers.lock().unwrap_or_else(|p| p.into_inner()).insert(model.to_owned(), t.clone());
+        let mut tokenizers = self.tokenizers.lock().unwrap_or_else(|p| p.into_inner());
+        // Model names come from callers (a proxy passes the request's own):
+        // keep the map bounded whatever they send.
+        if tokenizers.len() >= TOKENIZER_MEMO_MODELS {
+            tokenizers.clear();
+        }
+        tokenizers.insert(model.to_owned(), t.clone());
         Ok(t)
     }
 
@@ -592,6 +598,9 @@ struct SelectionMemo {
 
 /// A remembered selection: the listing generation and the policy it was made under.
 type MemoEntry = (u64, Arc<Policy>, Arc<Selection>);
+
+/// Models whose tokenizer is remembered; past this the memo starts over.
+const TOKENIZER_MEMO_MODELS: usize = 32;
 
 /// Users whose selection is remembered; past this the memo starts over.
 const SELECTION_MEMO_USERS: usize = 64;

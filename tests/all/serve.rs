@@ -915,3 +915,45 @@ async fn the_official_node_client_works_through_the_proxy() {
     check_client_output(&out.stdout, "AuthenticationError");
     check_official_client_requests(&up.seen(), &proxy.preview("bob").unwrap(), "OpenAI/JS");
 }
+
+#[tokio::test]
+async fn forward_authorization_sends_the_callers_own_key_and_the_body_can_name_the_user() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start("  forward_authorization: true\n  user_from_body: true\n", &up.base).await;
+    let mut body = chat_body("hi");
+    body["user"] = json!("carol");
+    let r = proxy.post("/v1/chat/completions", Some("sk-callers-own"), &body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["x-mcp-context"].to_str().unwrap().starts_with("user=carol;"));
+    // The Responses API names the user with `safety_identifier`.
+    let r = proxy
+        .post(
+            "/v1/responses",
+            Some("sk-callers-own"),
+            &json!({"model": "gpt-4o", "input": "hi", "safety_identifier": "bob"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers()["x-mcp-context"].to_str().unwrap().starts_with("user=bob;"));
+    // No identity in the body: 401, even though the upstream would accept the key.
+    let r = proxy.post("/v1/chat/completions", Some("sk-callers-own"), &chat_body("x")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    // Passthrough: the upstream authenticates the caller itself.
+    let r = http().get(format!("{}/v1/models", proxy.url)).bearer_auth("sk-callers-own").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = up.seen();
+    assert_eq!(seen.len(), 3);
+    for s in &seen {
+        assert_eq!(s.headers["authorization"], "Bearer sk-callers-own", "{}", s.path);
+    }
+    assert_eq!(seen[0].body["messages"][0]["content"].as_str(), proxy.preview("carol").as_deref());
+    assert_eq!(seen[0].body["user"], "carol", "the body goes on unchanged apart from our message");
+
+    // Neither a key nor forwarding: nothing is sent as credentials.
+    let up2 = Upstream::start().await;
+    let p2 = Proxy::start("  anonymous_user: guest\n", &up2.base).await;
+    let r = p2.post("/v1/chat/completions", Some("sk-not-for-upstream"), &chat_body("x")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(!up2.seen()[0].headers.contains_key("authorization"));
+}
