@@ -234,7 +234,7 @@ async fn stream_answer(
     creq: &ContextRequest,
     last: &mut Option<Report>,
 ) -> Result<String, String> {
-    let (mut stream, report) = client.create_stream_with(request, creq).await.map_err(|e| one_line(&e.to_string()))?;
+    let (mut stream, report) = client.create_stream(request, creq).await.map_err(|e| one_line(&e.to_string()))?;
     *last = Some(report);
     let mut text = String::new();
     let mut stdout = std::io::stdout();
@@ -290,7 +290,7 @@ async fn dry_run(
     creq: &ContextRequest,
     last: &mut Option<Report>,
 ) -> Result<String, String> {
-    let (request, report) = ctx.inject_with(request, creq).await.map_err(|e| e.to_string())?;
+    let (request, report) = ctx.inject(request, creq).await.map_err(|e| e.to_string())?;
     *last = Some(report);
     let json = serde_json::to_string_pretty(&request).map_err(|e| e.to_string())?;
     println!("--- request (dry run, not sent) ---\n{json}\n--- end ---");

@@ -45,7 +45,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use tiktoken_rs::tokenizer::{Tokenizer as Encoding, get_tokenizer};
 use tiktoken_rs::{CoreBPE, Rank};
 
-use crate::id::{ResourceId, quote};
+use crate::error::quote;
+use crate::id::ResourceId;
 use crate::render::{CLOSE_TAG, RenderedBlock, render_head_into, render_len_hint};
 use crate::resource::{Contents, Resource};
 
@@ -388,7 +389,7 @@ fn pack_within(tok: &Tokenizer, cache: &TokenCache, input: &PackInput<'_>, limit
         let (head, head_tokens, truncated, kept, total) = if overhead + head_tokens <= left {
             let total = body_tokens(tok, cache, additive, open, body, head_tokens);
             (Cow::Borrowed(block.head.as_str()), head_tokens, false, total, total)
-        } else if let Some(cut) = truncate_block(tok, open, body, left.saturating_sub(overhead), min_useful) {
+        } else if let Some(cut) = cut_to_fit(tok, open, body, left.saturating_sub(overhead), min_useful, "\n") {
             (Cow::Owned(cut.head), cut.tokens, true, cut.kept, cut.total)
         } else {
             let detail = format!("needs {} tokens, {left} left of {limit}", overhead + head_tokens);
@@ -439,16 +440,27 @@ fn split_head(head: &str) -> (&str, &str) {
     head.split_at(head.find('\n').map_or(0, |i| i + 1))
 }
 
-struct Cut {
-    head: String,
-    tokens: usize,
-    kept: usize,
-    total: usize,
+/// A text cut to fit: `head` is the opening, the kept prefix and the marker.
+pub(crate) struct Cut {
+    pub(crate) head: String,
+    pub(crate) tokens: usize,
+    pub(crate) kept: usize,
+    pub(crate) total: usize,
 }
 
-/// The block with its body cut so the head has at most `avail` tokens, keeping
-/// as many body tokens as possible (at least `min_useful`).
-fn truncate_block(tok: &Tokenizer, open: &str, body: &str, avail: usize, min_useful: usize) -> Option<Cut> {
+/// The one truncation of this crate, used by the packer (a block's body) and
+/// by tool results: `open`, then the longest token prefix of `body`, then the
+/// marker line ([`marker`]) and `tail`, all in at most `avail` tokens, keeping
+/// as many body tokens as possible (at least `min_useful`). `None` when not
+/// even that fits.
+pub(crate) fn cut_to_fit(
+    tok: &Tokenizer,
+    open: &str,
+    body: &str,
+    avail: usize,
+    min_useful: usize,
+    tail: &str,
+) -> Option<Cut> {
     if avail < min_useful {
         return None;
     }
@@ -458,18 +470,19 @@ fn truncate_block(tok: &Tokenizer, open: &str, body: &str, avail: usize, min_use
         let (kept, len) = tok.prefix_len(body, &tokens, k);
         let prefix = body.get(..len).unwrap_or_default();
         let marker = marker(kept, total);
-        let mut head = String::with_capacity(open.len() + prefix.len() + marker.len() + 1);
+        let mut head = String::with_capacity(open.len() + prefix.len() + marker.len() + tail.len() + 1);
         head.push_str(open);
         head.push_str(prefix);
         if !prefix.is_empty() && !prefix.ends_with('\n') {
             head.push('\n');
         }
         head.push_str(&marker);
+        head.push_str(tail);
         (head, kept)
     };
     // First guess: the pieces counted apart. Merges at the cuts make the real
     // count differ by a token or two, so verify and walk down, then up.
-    let fixed = tok.count(open) + tok.count(&marker(total, total)) + 1;
+    let fixed = tok.count(open) + tok.count(&marker(total, total)) + tok.count(tail) + 1;
     let mut k = avail.saturating_sub(fixed).min(total.saturating_sub(1));
     let mut best = loop {
         let (head, kept) = build(k);
@@ -479,6 +492,9 @@ fn truncate_block(tok: &Tokenizer, open: &str, body: &str, avail: usize, min_use
         let n = tok.count(&head);
         if n <= avail {
             break Cut { head, tokens: n, kept, total };
+        }
+        if kept == 0 {
+            return None;
         }
         k = kept.saturating_sub(n - avail);
     };
@@ -497,8 +513,9 @@ fn truncate_block(tok: &Tokenizer, open: &str, body: &str, avail: usize, min_use
     Some(best)
 }
 
-fn marker(kept: usize, total: usize) -> String {
-    format!("[truncated: kept {kept} of {total} tokens]\n")
+/// The truncation marker: `[truncated: kept K of N tokens]`.
+pub(crate) fn marker(kept: usize, total: usize) -> String {
+    format!("[truncated: kept {kept} of {total} tokens]")
 }
 
 #[cfg(test)]
@@ -537,7 +554,7 @@ mod tests {
     }
 
     #[test]
-    fn encodings_by_model() {
+    fn each_model_gets_its_encoding() {
         for (model, encoding) in [
             ("gpt-4o", "o200k_base"),
             ("gpt-4o-mini", "o200k_base"),
@@ -605,7 +622,7 @@ mod tests {
     }
 
     #[test]
-    fn golden_message() {
+    fn packing_what_fits_gives_the_assembled_message() {
         let t = tok("gpt-4o");
         let blocks = vec![block("demo://a", "Alpha.\n"), block("demo://b", "Beta <resource> text.")];
         let texts: Vec<String> = blocks.iter().map(RenderedBlock::text).collect();
@@ -668,7 +685,7 @@ mod tests {
     }
 
     #[test]
-    fn nothing_fits() {
+    fn when_nothing_fits_there_is_no_message() {
         let t = tok("gpt-4o");
         let packed = pack(&t, &TokenCache::new(), input(vec![block("demo://a", "Alpha.")], 10));
         assert_eq!((packed.content, packed.tokens, packed.included.len()), (None, 0, 0));

@@ -38,44 +38,27 @@ impl<C: OpenAIConfig> ContextClient<C> {
         &self.context
     }
 
-    /// `chat().create` with the context for `user` injected.
+    /// `chat().create` with the context injected; `req` is a user name or a
+    /// [`ContextRequest`] with a selection or overrides.
     pub async fn create(
         &self,
         request: CreateChatCompletionRequest,
-        user: &str,
+        req: impl Into<ContextRequest>,
     ) -> Result<(CreateChatCompletionResponse, Report)> {
-        self.create_with(request, &ContextRequest::for_user(user)).await
-    }
-
-    /// [`ContextClient::create`] with a selection or overrides.
-    pub async fn create_with(
-        &self,
-        request: CreateChatCompletionRequest,
-        req: &ContextRequest,
-    ) -> Result<(CreateChatCompletionResponse, Report)> {
-        let (mut request, report) = self.context.inject_with(request, req).await?;
+        let (mut request, report) = self.context.inject(request, req).await?;
         request.stream = None;
         let response = self.client.chat().create(request).await.map_err(Error::OpenAI)?;
         Ok((response, report))
     }
 
-    /// `chat().create_stream` with the context for `user` injected. Sets
-    /// `stream: true` explicitly (async-openai's `byot` feature stops doing it).
+    /// `chat().create_stream` with the context injected. Sets `stream: true`
+    /// explicitly (async-openai's `byot` feature stops doing it).
     pub async fn create_stream(
         &self,
         request: CreateChatCompletionRequest,
-        user: &str,
+        req: impl Into<ContextRequest>,
     ) -> Result<(ChatCompletionResponseStream, Report)> {
-        self.create_stream_with(request, &ContextRequest::for_user(user)).await
-    }
-
-    /// [`ContextClient::create_stream`] with a selection or overrides.
-    pub async fn create_stream_with(
-        &self,
-        request: CreateChatCompletionRequest,
-        req: &ContextRequest,
-    ) -> Result<(ChatCompletionResponseStream, Report)> {
-        let (mut request, report) = self.context.inject_with(request, req).await?;
+        let (mut request, report) = self.context.inject(request, req).await?;
         request.stream = Some(true);
         let stream = self.client.chat().create_stream(request).await.map_err(Error::OpenAI)?;
         Ok((stream, report))
@@ -109,14 +92,15 @@ impl<C: OpenAIConfig> ContextClient<C> {
     pub async fn create_with_tools(
         &self,
         request: CreateChatCompletionRequest,
-        req: &ContextRequest,
+        req: impl Into<ContextRequest>,
         inject: bool,
         max_rounds: usize,
         mut on_tool: impl FnMut(&crate::tools::ToolResult),
     ) -> Result<ToolLoop> {
         use async_openai::types::chat::{ChatCompletionMessageToolCalls, ChatCompletionRequestAssistantMessage};
+        let req = req.into();
         let (mut request, report) = if inject {
-            let (r, rep) = self.context.inject_with(request, req).await?;
+            let (r, rep) = self.context.inject(request, &req).await?;
             (r, Some(rep))
         } else {
             (request, None)
@@ -153,7 +137,7 @@ impl<C: OpenAIConfig> ContextClient<C> {
                 .into();
             request.messages.push(assistant.clone());
             out.messages.push(assistant);
-            let results = self.context.run_tool_calls(&calls, &req.user).await;
+            let results = self.context.tools().run_calls(&calls, &req.user).await;
             for r in results {
                 on_tool(&r);
                 request.messages.push(r.message());

@@ -973,7 +973,7 @@ mod tests {
     }
 
     #[test]
-    fn expansion() {
+    fn env_vars_expand_and_double_dollar_escapes() {
         assert_eq!(expand_vars("a${TOKEN}b", &env).unwrap(), "as3cr3tb");
         assert_eq!(expand_vars("$${TOKEN}", &env).unwrap(), "${TOKEN}");
         assert_eq!(expand_vars("${X}", &env).unwrap_err(), "X");
@@ -981,7 +981,7 @@ mod tests {
     }
 
     #[test]
-    fn redacts_urls() {
+    fn urls_lose_userinfo_and_query() {
         assert_eq!(redact_url("https://u:p@h/x?k=1"), "https://***@h/x");
         assert_eq!(redact_url("http://h/a@b"), "http://h/a@b");
     }

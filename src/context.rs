@@ -27,6 +27,7 @@ use crate::policy::{Policy, UserPolicy};
 use crate::render::DEFAULT_PREAMBLE;
 use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
 use crate::resource::{Contents, Resource};
+use crate::tools::ResourceTools;
 
 /// How a refused requested URI is reported: exactly like one that does not
 /// exist, whatever the reason (the reason is for `policy explain` and tracing).
@@ -56,6 +57,32 @@ impl ContextRequest {
     /// A request for `user` with everything else from the config.
     pub fn for_user(user: impl Into<String>) -> Self {
         Self { user: user.into(), ..Self::default() }
+    }
+}
+
+/// A user name is a request with everything else from the config, so the
+/// calls that take `impl Into<ContextRequest>` accept `"alice"` directly.
+impl From<&str> for ContextRequest {
+    fn from(user: &str) -> Self {
+        Self::for_user(user)
+    }
+}
+
+impl From<String> for ContextRequest {
+    fn from(user: String) -> Self {
+        Self::for_user(user)
+    }
+}
+
+impl From<&String> for ContextRequest {
+    fn from(user: &String) -> Self {
+        Self::for_user(user.as_str())
+    }
+}
+
+impl From<&ContextRequest> for ContextRequest {
+    fn from(req: &ContextRequest) -> Self {
+        req.clone()
     }
 }
 
@@ -146,12 +173,33 @@ impl McpContext {
         &self.settings
     }
 
-    pub(crate) fn content_cache(&self) -> &ContentCache {
-        &self.cache
+    /// Token counts remembered by content, shared with tool results.
+    pub(crate) fn token_cache(&self) -> Arc<TokenCache> {
+        self.tokens.clone()
     }
 
-    pub(crate) fn token_cache_arc(&self) -> Arc<TokenCache> {
-        self.tokens.clone()
+    /// The model-driven tools (`list_mcp_resources`, `read_mcp_resource`)
+    /// over this engine.
+    pub fn tools(&self) -> ResourceTools<'_> {
+        ResourceTools::new(self)
+    }
+
+    /// Reads one requested resource for `user` as the model's read tool does:
+    /// the gate, then the policy, then the cache. `Ok(None)` means "not
+    /// found" in every sense a caller must not tell apart: refused by the
+    /// gate, denied by the policy (never read), or absent on the server.
+    pub async fn read_for(&self, user: &str, id: &ResourceId) -> Result<Option<(Arc<Resource>, Arc<Contents>)>> {
+        // One policy snapshot for the gate and the decision.
+        let up = self.policy().for_user(user);
+        let Ok(admitted) = admit(&self.hub, &up, id) else { return Ok(None) };
+        if !up.decide(&admitted.resource).allowed {
+            return Ok(None);
+        }
+        match self.cache.read(&admitted.resource.id, user).await {
+            Ok(c) => Ok(Some((admitted.resource, c.contents))),
+            Err(Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Entries in the content cache (all users).
@@ -451,24 +499,16 @@ impl McpContext {
         (results, hits)
     }
 
-    /// Builds the context for `user` and prepends it to `request` (replacing
-    /// any earlier copy of ours). Nothing is injected when nothing is visible
-    /// or fits; the report says why.
+    /// Builds the context and prepends it to `request` (replacing any earlier
+    /// copy of ours). `req` is a user name (`"alice"`) or a full
+    /// [`ContextRequest`] with a selection or overrides. Nothing is injected
+    /// when nothing is visible or fits; the report says why.
     pub async fn inject(
         &self,
-        request: CreateChatCompletionRequest,
-        user: &str,
-    ) -> Result<(CreateChatCompletionRequest, Report)> {
-        self.inject_with(request, &ContextRequest::for_user(user)).await
-    }
-
-    /// [`McpContext::inject`] with selection, budget or model overrides.
-    pub async fn inject_with(
-        &self,
         mut request: CreateChatCompletionRequest,
-        req: &ContextRequest,
+        req: impl Into<ContextRequest>,
     ) -> Result<(CreateChatCompletionRequest, Report)> {
-        let mut req = req.clone();
+        let mut req = req.into();
         if req.model.is_none() && !request.model.is_empty() {
             req.model = Some(request.model.clone());
         }

@@ -7,8 +7,6 @@
 
 use std::path::PathBuf;
 
-use crate::id::quote;
-
 /// Everything that can go wrong in `mcp-context`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -182,3 +180,13 @@ fn location(path: &std::path::Path, line: Option<usize>, column: Option<usize>) 
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Quotes user input for an error message, escaping anything unprintable and
+/// cutting very long input so messages stay one readable line.
+pub(crate) fn quote(s: &str) -> String {
+    let mut out: String = s.chars().take(120).flat_map(char::escape_debug).collect();
+    if s.chars().count() > 120 {
+        out.push('…');
+    }
+    format!("`{out}`")
+}

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::Error;
+use crate::error::{Error, quote};
 
 /// Longest identifier we accept, in bytes. Anything longer is almost certainly
 /// garbage or an attack, and would only bloat logs and reports.
@@ -100,16 +100,6 @@ fn validate_uri(uri: &str) -> Result<(), String> {
         return Err(format!("URI contains the control character {}", describe_char(c)));
     }
     Ok(())
-}
-
-/// Quotes user input for an error message, escaping anything unprintable and
-/// cutting very long input so messages stay one readable line.
-pub(crate) fn quote(s: &str) -> String {
-    let mut out: String = s.chars().take(120).flat_map(char::escape_debug).collect();
-    if s.chars().count() > 120 {
-        out.push('…');
-    }
-    format!("`{out}`")
 }
 
 fn describe_char(c: char) -> String {

@@ -32,11 +32,16 @@
 
 #![warn(missing_docs)]
 
+/// The async-openai this crate is built against, so that request and message
+/// types match ours exactly.
+pub use async_openai;
+
 mod budget;
 mod cache;
 mod client;
 mod config;
 mod context;
+#[cfg(feature = "cli")]
 pub mod demo;
 mod error;
 mod gate;
@@ -69,4 +74,6 @@ pub use policy::{Decision, Effect, Policy, PolicySummary, RuleRef, UserPolicy};
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 pub use report::{ExcludeReason, Excluded, Included, Report, Timings};
 pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
-pub use tools::{LIST_TOOL, READ_TOOL, ToolResult, add_tools, format_listing, is_resource_tool, tool_definitions};
+pub use tools::{
+    LIST_TOOL, READ_TOOL, ResourceTools, ToolResult, add_tools, format_listing, is_resource_tool, tool_definitions,
+};

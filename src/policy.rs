@@ -41,9 +41,9 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, quote};
 use crate::gate::{canonical_glob, canonical_uri};
-use crate::id::{ResourceId, quote};
+use crate::id::ResourceId;
 use crate::resource::Resource;
 
 /// Most `**` runs one pattern may hold: each doubles the number of globs
@@ -1640,7 +1640,7 @@ users:
     // ---- the demo policy ----------------------------------------------------
 
     #[test]
-    fn demo_policy() {
+    fn the_demo_policy_shows_each_user_their_resources() {
         let p = Policy::load(Path::new(DEFAULT_POLICY)).unwrap_or_else(|e| panic!("{e}"));
         let guide = res_mime("demo:demo://docs/guide", "text/markdown");
         let changelog = res("demo:demo://docs/changelog");

@@ -309,7 +309,7 @@ mod tests {
     }
 
     #[test]
-    fn text_blobs() {
+    fn blobs_render_as_binary_placeholders() {
         let c = contents(vec![blob(Some("image/png")), blob(None)]);
         assert_eq!(
             render_text(&c, Some("image/x-listed")),
@@ -331,7 +331,7 @@ mod tests {
     }
 
     #[test]
-    fn text_control_characters() {
+    fn text_control_characters_are_neutralised() {
         let c = contents(vec![text("a\r\nb\rc\u{1b}[31md\0e\tf\u{7f}g\u{85}h\u{9f}é\u{a0}")]);
         assert_eq!(render_text(&c, None), "a\nb\nc\u{FFFD}[31md\u{FFFD}e\tf\u{FFFD}g\u{FFFD}h\u{FFFD}é\u{a0}");
         // A part ending in '\r' ends a line once normalised.
@@ -341,7 +341,7 @@ mod tests {
     }
 
     #[test]
-    fn block_basic() {
+    fn a_block_wraps_the_text_in_a_resource_tag() {
         let mut r = resource("file:///guide.md");
         r.name = "guide".into();
         r.mime_type = Some("text/markdown".into());
@@ -357,7 +357,7 @@ mod tests {
     }
 
     #[test]
-    fn block_attributes() {
+    fn block_attributes_are_escaped_and_omitted_when_redundant() {
         let mut r = resource("x://a?b=1&c=\"2\"");
         r.name = "n<a>me\nnext".into();
         r.title = Some("T & \"T\"".into());
@@ -397,13 +397,13 @@ mod tests {
     }
 
     #[test]
-    fn block_empty_contents() {
+    fn empty_contents_are_stated_in_the_block() {
         let b = render_block(&resource("r"), &Contents::default());
         assert_eq!(b.text(), "<resource id=\"docs:r\" name=\"r\">\nNo content returned from resource.\n</resource>");
     }
 
     #[test]
-    fn assembled_message() {
+    fn the_message_is_the_preamble_then_the_blocks() {
         let mut a = resource("demo://guide");
         a.name = "guide".into();
         a.title = Some("The Guide".into());
@@ -429,7 +429,7 @@ mod tests {
     }
 
     #[test]
-    fn byte_stable() {
+    fn rendering_is_byte_stable() {
         let c = contents(vec![text("é\r\n<resource>"), blob(None)]);
         let r = resource("r");
         assert_eq!(render_block(&r, &c), render_block(&r, &c));

@@ -15,9 +15,8 @@ use async_openai::types::chat::{
 use futures::future::join_all;
 use serde_json::json;
 
-use crate::budget::Tokenizer;
+use crate::budget::{Tokenizer, cut_to_fit, marker};
 use crate::context::McpContext;
-use crate::error::Error;
 use crate::id::ResourceId;
 use crate::render::render_text;
 use crate::resource::Resource;
@@ -137,94 +136,90 @@ impl ToolResult {
     }
 }
 
-impl McpContext {
+/// The two tools over one [`McpContext`], borrowed: what the model asks for
+/// goes through the engine's public path (the gate, the policy, the cache);
+/// this type only parses arguments and words the answers.
+pub struct ResourceTools<'a> {
+    ctx: &'a McpContext,
+}
+
+impl<'a> ResourceTools<'a> {
+    pub(crate) fn new(ctx: &'a McpContext) -> Self {
+        Self { ctx }
+    }
+
     /// Runs the calls in `tool_calls` that belong to our two tools,
     /// concurrently, and returns their results in call order. Calls of other
     /// tools are left to the application.
-    pub async fn run_tool_calls(&self, tool_calls: &[ChatCompletionMessageToolCalls], user: &str) -> Vec<ToolResult> {
+    pub async fn run_calls(&self, tool_calls: &[ChatCompletionMessageToolCalls], user: &str) -> Vec<ToolResult> {
         let ours = tool_calls.iter().filter_map(|c| match c {
             ChatCompletionMessageToolCalls::Function(f) if is_resource_tool(&f.function.name) => Some(f),
             _ => None,
         });
-        join_all(ours.map(|c| self.run_tool(&c.id, &c.function.name, &c.function.arguments, user))).await
+        join_all(ours.map(|c| self.run(&c.id, &c.function.name, &c.function.arguments, user))).await
     }
 
     /// Runs one of our tools by name with JSON arguments.
-    pub async fn run_tool(&self, call_id: &str, name: &str, arguments: &str, user: &str) -> ToolResult {
+    pub async fn run(&self, call_id: &str, name: &str, arguments: &str, user: &str) -> ToolResult {
         let args: serde_json::Value = if arguments.trim().is_empty() {
             json!({})
         } else {
             serde_json::from_str(arguments).unwrap_or(serde_json::Value::Null)
         };
         let (content, is_error, display) = match name {
-            LIST_TOOL => self.tool_list(&args, user),
-            READ_TOOL => self.tool_read(&args, user).await,
+            LIST_TOOL => self.list(&args, user),
+            READ_TOOL => self.read(&args, user).await,
             other => (format!("Error: unknown tool {other}"), true, "Unknown tool.".into()),
         };
         ToolResult { tool_call_id: call_id.to_owned(), name: name.to_owned(), content, is_error, display }
     }
 
-    fn tool_list(&self, args: &serde_json::Value, user: &str) -> (String, bool, String) {
+    fn list(&self, args: &serde_json::Value, user: &str) -> (String, bool, String) {
         let server = args.get("serverName").and_then(|s| s.as_str()).filter(|s| !s.is_empty());
-        let visible = self.visible_resources(user);
+        let visible = self.ctx.visible_resources(user);
         let n = visible.iter().filter(|r| server.is_none_or(|s| r.id.server == s)).count();
         (format_listing(&visible, server), false, format!("Listed {n} resources."))
     }
 
-    async fn tool_read(&self, args: &serde_json::Value, user: &str) -> (String, bool, String) {
+    async fn read(&self, args: &serde_json::Value, user: &str) -> (String, bool, String) {
         let Some(uri) = args.get("uri").and_then(|u| u.as_str()).filter(|u| !u.trim().is_empty()) else {
             return ("Error: No URI provided.".into(), true, "Invalid parameters.".into());
         };
         let not_found =
             || (format!("Error: Resource not found for URI: {uri}"), true, "Resource not found.".to_string());
         let Ok(requested) = ResourceId::parse(uri) else { return not_found() };
-        // The gate first: the policy decides on what would be read, and a
-        // refused spelling is answered like a resource that does not exist.
-        let Ok(admitted) = self.admit(user, &requested) else { return not_found() };
-        let resource = admitted.resource;
-        if !self.policy().for_user(user).decide(&resource).allowed {
-            return not_found();
-        }
-        let id = &resource.id;
-        match self.content_cache().read(id, user).await {
-            Ok(c) => {
-                let text = render_text(&c.contents, resource.mime_type.as_deref());
-                let cap = self.settings().tool_result_max_tokens;
-                let model = self.settings().model.clone();
-                let cache = self.token_cache_arc();
+        // Refused by the gate, denied by the policy and absent all read the
+        // same: the model cannot probe for what it may not see.
+        match self.ctx.read_for(user, &requested).await {
+            Ok(Some((resource, contents))) => {
+                let text = render_text(&contents, resource.mime_type.as_deref());
+                let cap = self.ctx.settings().tool_result_max_tokens;
+                let model = self.ctx.settings().model.clone();
+                let cache = self.ctx.token_cache();
                 let capped = tokio::task::spawn_blocking(move || cap_tokens(&model, &cache, text, cap)).await;
                 match capped {
-                    Ok(text) => (text, false, format!("Read {id}.")),
+                    Ok(text) => (text, false, format!("Read {}.", resource.id)),
                     Err(e) => (format!("Error: Failed to read resource: {e}"), true, "Read failed.".into()),
                 }
             }
-            Err(Error::NotFound { .. }) => not_found(),
+            Ok(None) => not_found(),
             Err(e) => (format!("Error: Failed to read resource: {e}"), true, "Read failed.".into()),
         }
     }
 }
 
 /// Cuts a tool result to at most `cap` tokens, marker included, with the
-/// same marker as injection (`[truncated: kept K of N tokens]`).
+/// packer's own truncation and marker (`[truncated: kept K of N tokens]`).
 fn cap_tokens(model: &str, cache: &crate::budget::TokenCache, text: String, cap: usize) -> String {
     let (tok, _) = Tokenizer::for_model(model);
     let total = cache.count(&tok, &text);
     if total <= cap {
         return text;
     }
-    // Reserve room for the marker line, then back off until the whole fits.
-    let mut keep = cap.saturating_sub(tok.count(&format!("\n[truncated: kept {cap} of {total} tokens]")));
-    loop {
-        let (prefix, kept, _) = tok.truncate(&text, keep);
-        let mut out = prefix;
-        if !out.ends_with('\n') {
-            out.push('\n');
-        }
-        out.push_str(&format!("[truncated: kept {kept} of {total} tokens]"));
-        if keep == 0 || tok.count(&out) <= cap {
-            return out;
-        }
-        keep -= 1;
+    match cut_to_fit(&tok, "", &text, cap, 0, "") {
+        Some(cut) => cut.head,
+        // Not even the marker fits: the marker alone says what happened.
+        None => marker(0, total),
     }
 }
 
@@ -242,7 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn listing_texts() {
+    fn listing_text_matches_the_reference_host() {
         let all = vec![
             res("myserver:test://resource1", "Resource 1", Some("A test resource")),
             res("other:x://y", "", None),

@@ -25,7 +25,7 @@ fn default_workload_has_the_labs_size() {
 fn workload_matches_python_byte_for_byte() {
     let lab = Path::new(ROOT).join("../shared/lab");
     if !lab.join("workload.py").exists() {
-        eprintln!("SKIPPED workload_matches_python_byte_for_byte: {} not found", lab.display());
+        skip("workload_matches_python_byte_for_byte", &format!("{} not found", lab.display()));
         return;
     }
     let code = "import sys, base64\nsys.path.insert(0, '.')\nimport workload as w\n\
@@ -39,7 +39,7 @@ fn workload_matches_python_byte_for_byte() {
     let out = match std::process::Command::new("python3").arg("-c").arg(code).current_dir(&lab).output() {
         Ok(o) if o.status.success() => String::from_utf8(o.stdout).unwrap(),
         other => {
-            eprintln!("SKIPPED workload_matches_python_byte_for_byte: python3 failed: {other:?}");
+            skip("workload_matches_python_byte_for_byte", &format!("python3 failed: {other:?}"));
             return;
         }
     };

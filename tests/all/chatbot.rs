@@ -262,7 +262,7 @@ async fn on_a_terminal_it_uses_the_line_editor() {
     let config = write_config(dir.path(), &t);
     let llm = FakeLlm::start(Reply::Stream(vec!["Hello ".into(), "from the model".into()])).await;
     let Some((master, slave)) = open_pty() else {
-        eprintln!("SKIPPED on_a_terminal_it_uses_the_line_editor: no pseudo-terminal on this system");
+        skip("on_a_terminal_it_uses_the_line_editor", "no pseudo-terminal on this system");
         return;
     };
     let tty = || std::fs::OpenOptions::new().read(true).write(true).open(&slave).unwrap();

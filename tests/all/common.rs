@@ -18,8 +18,49 @@ use mcp_context::Config;
 pub use crate::handler::{Fixture, Options};
 
 pub const MCP_CONTEXT: &str = env!("CARGO_BIN_EXE_mcp-context");
-pub const FIXTURE: &str = env!("CARGO_BIN_EXE_mcp-fixture");
+
+/// The `mcp-fixture` test server: a workspace member of its own
+/// (`tests/fixture`), not a binary of the published package. `cargo test` at
+/// the root builds it (default-members); a targeted run (`cargo test --test
+/// all x`) may not have, so when it is missing or older than its sources the
+/// first use builds it, into the same target folder and profile.
+pub fn fixture_exe() -> &'static str {
+    static EXE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        // target/<profile>/deps/<test binary>
+        let test_exe = std::env::current_exe().unwrap();
+        let profile_dir = test_exe.parent().unwrap().parent().unwrap();
+        let exe = profile_dir.join("mcp-fixture");
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let sources = ["tests/support/mcp_fixture.rs", "tests/support/fixture.rs", "tests/fixture/Cargo.toml"];
+        let newest_source = sources.iter().filter_map(|s| modified(&Path::new(ROOT).join(s))).max();
+        if modified(&exe).is_some_and(|built| newest_source.is_none_or(|src| built >= src)) {
+            return exe.to_string_lossy().into_owned();
+        }
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let target_dir = profile_dir.parent().unwrap();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = std::process::Command::new(cargo);
+        build.args(["build", "--quiet", "-p", "mcp-fixture", "--target-dir"]).arg(target_dir).current_dir(ROOT);
+        if release {
+            build.arg("--release");
+        }
+        let status = build.status().expect("cargo runs");
+        assert!(status.success(), "building the mcp-fixture test server failed");
+        exe.to_string_lossy().into_owned()
+    })
+}
 pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Says a test cannot run here. On a developer's box that is a SKIPPED line;
+/// under `CI=true` it is a failure, so a missing install step in `.ci/run`
+/// cannot hide behind a skip.
+pub fn skip(test: &str, why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{test} cannot run: {why} (CI=true: .ci/run must provide it)");
+    }
+    eprintln!("SKIPPED {test}: {why}");
+}
 
 /// A unique tag for the processes a test starts (set as an env variable on
 /// the server and inherited by its children), so tests can count them.
@@ -74,7 +115,8 @@ pub async fn wait_gone(tag: &str, within: Duration) -> Vec<u32> {
 pub fn fixture_server(name: &str, tag: &str, args: &[&str]) -> String {
     let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
     format!(
-        "  {name}:\n    command: {FIXTURE:?}\n    args: [{}]\n    env: {{ MCP_TEST_TAG: {tag:?} }}\n    timeout_ms: 20000\n",
+        "  {name}:\n    command: {:?}\n    args: [{}]\n    env: {{ MCP_TEST_TAG: {tag:?} }}\n    timeout_ms: 20000\n",
+        fixture_exe(),
         args.join(", ")
     )
 }

@@ -181,21 +181,21 @@ async fn the_model_tool_answers_every_spelling_as_not_found() {
     for user in ["alice", "dora"] {
         for id in HOSTILE {
             let args = serde_json::json!({ "uri": id }).to_string();
-            let r = ctx.run_tool("call", mcp_context::READ_TOOL, &args, user).await;
+            let r = ctx.tools().run("call", mcp_context::READ_TOOL, &args, user).await;
             assert_eq!(r.content, format!("Error: Resource not found for URI: {id}"), "{user}: {id}");
             assert!(r.is_error);
         }
         for (id, text) in LEGIT {
             let args = serde_json::json!({ "uri": id }).to_string();
-            let r = ctx.run_tool("call", mcp_context::READ_TOOL, &args, user).await;
+            let r = ctx.tools().run("call", mcp_context::READ_TOOL, &args, user).await;
             assert_eq!(r.content.trim_end(), *text, "{user}: {id}");
         }
         s.assert_no_denied_read(user);
     }
     // A template expansion that is not under /docs: read for alice, refused for dora.
     let args = serde_json::json!({ "uri": "acc:acc://users/alice" }).to_string();
-    assert_eq!(ctx.run_tool("c", mcp_context::READ_TOOL, &args, "alice").await.content.trim_end(), "account alice");
-    assert!(ctx.run_tool("c", mcp_context::READ_TOOL, &args, "dora").await.is_error);
+    assert_eq!(ctx.tools().run("c", mcp_context::READ_TOOL, &args, "alice").await.content.trim_end(), "account alice");
+    assert!(ctx.tools().run("c", mcp_context::READ_TOOL, &args, "dora").await.is_error);
     ctx.close().await;
 }
 
@@ -340,7 +340,7 @@ async fn no_random_spelling_reaches_a_denied_resource() {
     let mut admitted = 0;
     for (i, uri) in uris.iter().enumerate() {
         let args = serde_json::json!({ "uri": uri }).to_string();
-        let r = ctx.run_tool("call", mcp_context::READ_TOOL, &args, "dora").await;
+        let r = ctx.tools().run("call", mcp_context::READ_TOOL, &args, "dora").await;
         assert_no_canary(uri, &r.content);
         admitted += usize::from(!r.is_error);
         if i % 8 == 0 {

@@ -231,8 +231,9 @@ async fn reference_server_everything() {
     let entry = std::path::Path::new(ROOT)
         .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     if !entry.exists() || std::process::Command::new("node").arg("--version").output().is_err() {
-        eprintln!(
-            "SKIPPED reference_server_everything: node or tests/node/node_modules missing (run `npm ci --prefix tests/node`)"
+        skip(
+            "reference_server_everything",
+            "node or tests/node/node_modules missing (run `npm ci --prefix tests/node`)",
         );
         return;
     }

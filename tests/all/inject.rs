@@ -121,7 +121,7 @@ async fn developer_role_selection_and_nothing_to_inject() {
         selection: Some(vec![ResourceId::parse("demo:demo://public/faq").unwrap()]),
         ..Default::default()
     };
-    let (r, report) = ctx.inject_with(conversation(), &req).await.unwrap();
+    let (r, report) = ctx.inject(conversation(), &req).await.unwrap();
     let v = serde_json::to_value(&r.messages[0]).unwrap();
     assert_eq!(v["role"], "developer");
     assert_eq!(report.included.len(), 1);

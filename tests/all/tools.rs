@@ -30,19 +30,19 @@ async fn tool_results_and_errors() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("reads.log");
     let ctx = context(&t, &log).await;
-    let list = ctx.run_tool("1", LIST_TOOL, "{}", "ann").await;
+    let list = ctx.tools().run("1", LIST_TOOL, "{}", "ann").await;
     assert!(list.content.starts_with("Available MCP Resources:\n- fx:fx://badb64"), "{}", list.content);
     assert!(!list.content.contains("fx://doc/1"), "denied resources are never listed");
     assert_eq!(list.display, format!("Listed {} resources.", list.content.lines().count() - 1));
     assert_eq!(
-        ctx.run_tool("2", LIST_TOOL, r#"{"serverName":"zz"}"#, "ann").await.content,
+        ctx.tools().run("2", LIST_TOOL, r#"{"serverName":"zz"}"#, "ann").await.content,
         "No resources found for server: zz\n"
     );
-    assert_eq!(ctx.run_tool("3", LIST_TOOL, "{}", "nobody").await.content, "No MCP resources found.\n");
+    assert_eq!(ctx.tools().run("3", LIST_TOOL, "{}", "nobody").await.content, "No MCP resources found.\n");
 
     let read = |args: &'static str| {
         let ctx = ctx.clone();
-        async move { ctx.run_tool("r", READ_TOOL, args, "ann").await }
+        async move { ctx.tools().run("r", READ_TOOL, args, "ann").await }
     };
     assert_eq!(read(r#"{"uri":"fx:fx://blob"}"#).await.content, "[Binary Data (image/png)]");
     assert_eq!(read(r#"{"uri":"fx:fx://empty"}"#).await.content, "No content returned from resource.");

@@ -30,7 +30,7 @@ fn rss_kib() -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn soak() {
+async fn injections_keep_being_served_while_servers_die_and_hang() {
     let secs: u64 = std::env::var("SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
     let (t, t_victim) = (tag(), tag());
     let dir = tempfile::tempdir().unwrap();
