@@ -70,7 +70,7 @@ pub use inject::{
     INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
     inject_message, inject_message_json, is_context_message, is_context_message_json,
 };
-pub use policy::{Decision, Effect, Policy, PolicySummary, RuleRef, UserPolicy};
+pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 pub use report::{ExcludeReason, Excluded, Included, Report, Timings};
 pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
