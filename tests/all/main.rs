@@ -16,4 +16,5 @@ mod hub;
 mod inject;
 mod policy;
 mod security;
+mod serve;
 mod tools;
