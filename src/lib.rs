@@ -38,6 +38,7 @@ pub use async_openai;
 
 mod budget;
 mod cache;
+mod cause;
 mod client;
 mod config;
 mod context;
@@ -45,9 +46,11 @@ mod context;
 pub mod demo;
 mod error;
 mod gate;
+mod http;
 mod hub;
 mod id;
 mod inject;
+mod large;
 mod pipe;
 mod policy;
 mod render;
@@ -57,13 +60,19 @@ mod tools;
 
 pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
-pub use config::{Config, ContextSettings, ENV_ALLOWLIST, MessageRole, ServerConfig, Transport};
+pub use config::{
+    Config, ContextSettings, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_UPSTREAM, ENV_ALLOWLIST, KeyDigest,
+    MessageRole, ServeSettings, ServerConfig, Transport,
+};
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
 pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
 pub use hub::{Hub, HubEvent, ServerFailure, ServerStatus};
 pub use id::ResourceId;
-pub use inject::{MESSAGE_NAME, inject_message, is_context_message};
+pub use inject::{
+    INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
+    inject_message, inject_message_json, is_context_message, is_context_message_json,
+};
 pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 pub use report::{ExcludeReason, Excluded, Included, Report, Timings};

@@ -104,6 +104,10 @@ pub struct Report {
     /// (their process had ended); their subscriptions were renewed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub restarted_servers: Vec<String>,
+    /// Visible resources answered from the content cache without a read.
+    pub cache_hits: usize,
+    /// Visible resources that had to be read from their server.
+    pub cache_misses: usize,
     /// Why nothing was injected, when nothing was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -141,7 +145,9 @@ impl Report {
             tracing::debug!(id = %e.id, reason = %e.reason, detail = e.detail.as_deref().unwrap_or(""), "excluded");
         }
         for f in &self.failed_servers {
-            tracing::warn!(server = %f.server, error = %f.error, "server failed");
+            // The failure is in the report that the caller shows; a warning
+            // here would print it a second time.
+            tracing::info!(server = %f.server, error = %f.error, "server failed");
         }
     }
 }
