@@ -50,6 +50,7 @@ mod id;
 mod inject;
 mod pipe;
 mod policy;
+mod relevance;
 mod render;
 mod report;
 mod resource;
@@ -65,6 +66,10 @@ pub use hub::{Hub, HubEvent, ServerFailure, ServerStatus};
 pub use id::ResourceId;
 pub use inject::{MESSAGE_NAME, inject_message, is_context_message};
 pub use policy::{Decision, Effect, Policy, PolicySummary, RuleRef, UserPolicy};
+pub use relevance::{
+    ChunkIndex, ChunkReport, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, EARLIER_TURN_WEIGHT, EARLIER_TURNS, Query,
+    SelectMode,
+};
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 pub use report::{ExcludeReason, Excluded, Included, Report, Timings};
 pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
