@@ -14,5 +14,6 @@ mod gate;
 mod hub;
 mod inject;
 mod policy;
+mod relevance;
 mod security;
 mod tools;

@@ -61,6 +61,7 @@ fn main() {
         flood: num("--flood", 0),
         list_hang: flag("--hang"),
         fs: flag("--fs"),
+        dir: val("--dir"),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
