@@ -96,9 +96,12 @@ async fn main() -> std::process::ExitCode {
     }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MCP_CONTEXT_LOG").unwrap_or_else(|_| "error".into()),
+            // async-openai logs whole error bodies at error level; our error line says it once.
+            tracing_subscriber::EnvFilter::try_from_env("MCP_CONTEXT_LOG")
+                .unwrap_or_else(|_| "error,async_openai=off".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()))
         .try_init();
     match run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -121,7 +124,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         args.dry_run = true;
     }
     let config = Config::load(&Config::locate(args.config.as_deref()))?;
-    let context = Arc::new(McpContext::from_config(&config).await?);
+    // Listen before any server is spawned: a signal while they start (or
+    // later) then ends the chat through `close()`, leaving no process behind.
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut hup) = (signal(SignalKind::terminate())?, signal(SignalKind::hangup())?);
+    let mut int = signal(SignalKind::interrupt())?;
+    let context = tokio::select! {
+        c = McpContext::from_config(&config) => Arc::new(c?),
+        _ = int.recv() => return Err("interrupted while connecting".into()),
+        _ = term.recv() => return Err("terminated while connecting".into()),
+        _ = hup.recv() => return Err("hung up while connecting".into()),
+    };
+    drop(int); // from here Ctrl-C stops an answer (or the line input), not the chat
     for f in context.hub().failures() {
         eprintln!("warning: server {} failed: {}", f.server, f.error);
     }
@@ -130,7 +144,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         openai = openai.with_api_base(b.trim_end_matches('/'));
     }
     let client = ContextClient::new(async_openai::Client::with_config(openai), context.clone());
-    let result = chat(&client, &mut args, interactive).await;
+    let result = tokio::select! {
+        r = chat(&client, &mut args, interactive) => r,
+        _ = term.recv() => Ok(()),
+        _ = hup.recv() => Ok(()),
+    };
     context.close().await;
     result
 }
@@ -201,12 +219,24 @@ async fn chat(
         let request =
             CreateChatCompletionRequestArgs::default().model(args.model.clone()).messages(history.clone()).build()?;
         let creq = ContextRequest { user: args.user.clone(), selection, ..Default::default() };
-        let answer = if args.dry_run {
-            dry_run(&ctx, request, &creq, &mut last_report).await
-        } else if args.tools {
-            with_tools(client, request, &creq, args.inject, &mut last_report, &mut history).await
+        // The context is injected here, before the endpoint is called, so
+        // `/context` shows what was injected even when the call then fails.
+        let injected = if args.inject {
+            match ctx.inject(request, &creq).await {
+                Ok((request, report)) => {
+                    last_report = Some(report);
+                    Ok(request)
+                }
+                Err(e) => Err(one_line(&e.to_string())),
+            }
         } else {
-            stream_answer(client, request, &creq, &mut last_report).await
+            Ok(request)
+        };
+        let answer = match injected {
+            Err(e) => Err(e),
+            Ok(request) if args.dry_run => dry_run(request, args.tools),
+            Ok(request) if args.tools => with_tools(client, request, &creq, &mut history).await,
+            Ok(request) => stream_answer(client, request).await,
         };
         match answer {
             Ok(text) => history.push(ChatCompletionRequestAssistantMessage::from(text.as_str()).into()),
@@ -228,21 +258,21 @@ fn allowed_mention(ctx: &McpContext, user: &str, id: &ResourceId) -> Option<Reso
 }
 
 /// Streams the answer to stdout as it arrives; Ctrl-C stops this answer only.
+/// `request` already carries the context.
 async fn stream_answer(
     client: &ContextClient<OpenAIConfig>,
-    request: CreateChatCompletionRequest,
-    creq: &ContextRequest,
-    last: &mut Option<Report>,
+    mut request: CreateChatCompletionRequest,
 ) -> Result<String, String> {
-    let (mut stream, report) = client.create_stream(request, creq).await.map_err(|e| one_line(&e.to_string()))?;
-    *last = Some(report);
+    let endpoint_error = |e| one_line(&mcp_context::Error::OpenAI(e).to_string());
+    request.stream = Some(true);
+    let mut stream = client.inner().chat().create_stream(request).await.map_err(endpoint_error)?;
     let mut text = String::new();
     let mut stdout = std::io::stdout();
     loop {
         tokio::select! {
             chunk = stream.next() => match chunk {
                 None => break,
-                Some(Err(e)) => return Err(one_line(&e.to_string())),
+                Some(Err(e)) => return Err(endpoint_error(e)),
                 Some(Ok(c)) => {
                     for choice in c.choices {
                         if let Some(t) = choice.delta.content {
@@ -263,35 +293,30 @@ async fn stream_answer(
     Ok(text)
 }
 
+/// The tool loop on a request that already carries the context (or not,
+/// with `--tools-only`): the library adds the tools and runs our calls.
 async fn with_tools(
     client: &ContextClient<OpenAIConfig>,
     request: CreateChatCompletionRequest,
     creq: &ContextRequest,
-    inject: bool,
-    last: &mut Option<Report>,
     history: &mut Vec<ChatCompletionRequestMessage>,
 ) -> Result<String, String> {
     let done = client
-        .create_with_tools(request, creq, inject, 4, |r| eprintln!("[tool {}] {}", r.name, r.display))
+        .create_with_tools(request, creq, false, 4, |r| eprintln!("[tool {}] {}", r.name, r.display))
         .await
         .map_err(|e| one_line(&e.to_string()))?;
-    if let Some(r) = done.report {
-        *last = Some(r);
-    }
     history.extend(done.messages);
     let text = done.response.choices.first().and_then(|c| c.message.content.clone()).unwrap_or_default();
     println!("{text}");
     Ok(text)
 }
 
-async fn dry_run(
-    ctx: &McpContext,
-    request: CreateChatCompletionRequest,
-    creq: &ContextRequest,
-    last: &mut Option<Report>,
-) -> Result<String, String> {
-    let (request, report) = ctx.inject(request, creq).await.map_err(|e| e.to_string())?;
-    *last = Some(report);
+/// Prints the request that would be sent: the context injected (unless
+/// `--tools-only`) and, with `--tools`, the tools the model would be offered.
+fn dry_run(mut request: CreateChatCompletionRequest, tools: bool) -> Result<String, String> {
+    if tools {
+        mcp_context::add_tools(&mut request);
+    }
     let json = serde_json::to_string_pretty(&request).map_err(|e| e.to_string())?;
     println!("--- request (dry run, not sent) ---\n{json}\n--- end ---");
     Ok("(dry run: nothing was sent)".into())

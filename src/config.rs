@@ -419,9 +419,10 @@ impl Config {
         };
         let expand = |s: &str, server: &str| -> Result<String> {
             expand_vars(s, &recording_env).map_err(|var| {
+                let (line, column) = find_pos(src, &format!("${{{var}}}"));
                 err(
-                    line_of(&format!("${{{var}}}")),
-                    None,
+                    line,
+                    column,
                     format!(
                         "server `{server}`: environment variable `{var}` is not set; \
                          set it or remove `${{{var}}}` from the config"
@@ -432,19 +433,22 @@ impl Config {
 
         let mut servers = Vec::new();
         for (name, s) in raw.servers.0 {
-            let at = line_of(&format!("{name}:")).or_else(|| line_of(&format!("\"{name}\"")));
-            validate_server_name(&name).map_err(|m| err(at, None, format!("invalid server name: {m}")))?;
+            let (at, at_col) = match find_pos(src, &format!("{name}:")) {
+                (None, _) => find_pos(src, &format!("\"{name}\"")),
+                found => found,
+            };
+            validate_server_name(&name).map_err(|m| err(at, at_col, format!("invalid server name: {m}")))?;
             if s.disabled {
                 continue;
             }
             let transport = match (&s.command, &s.url) {
                 (Some(_), Some(_)) => {
-                    return Err(err(at, None, format!("server `{name}` has both `command` and `url`; keep one")));
+                    return Err(err(at, at_col, format!("server `{name}` has both `command` and `url`; keep one")));
                 }
                 (None, None) => {
                     return Err(err(
                         at,
-                        None,
+                        at_col,
                         format!("server `{name}` needs `command` (stdio) or `url` (Streamable HTTP)"),
                     ));
                 }
@@ -452,12 +456,12 @@ impl Config {
                     if let Some(k) = s.kind.as_deref().filter(|k| *k != "stdio") {
                         return Err(err(
                             at,
-                            None,
+                            at_col,
                             format!("server `{name}` has `command` but `type: {k}`; use `type: stdio`"),
                         ));
                     }
                     if !s.headers.is_empty() {
-                        return Err(err(at, None, format!("server `{name}`: `headers` only apply to `url` servers")));
+                        return Err(err(at, at_col, format!("server `{name}`: `headers` only apply to `url` servers")));
                     }
                     let command = expand(cmd, &name)?;
                     let command = if command.contains('/') && Path::new(&command).is_relative() {
@@ -479,12 +483,13 @@ impl Config {
                     }
                 }
                 (None, Some(url)) => {
+                    let raw_url = url.as_str();
                     if let Some(k) =
                         s.kind.as_deref().filter(|k| !matches!(*k, "http" | "streamable-http" | "streamableHttp"))
                     {
                         return Err(err(
                             at,
-                            None,
+                            at_col,
                             format!(
                                 "server `{name}`: `type: {k}` is not supported; use Streamable HTTP (`type: http`)"
                             ),
@@ -493,13 +498,26 @@ impl Config {
                     if !s.args.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
                         return Err(err(
                             at,
-                            None,
+                            at_col,
                             format!("server `{name}`: `args`, `env` and `cwd` only apply to `command` servers"),
                         ));
                     }
                     let url = expand(url, &name)?;
                     if !(url.starts_with("http://") || url.starts_with("https://")) {
-                        return Err(err(at, None, format!("server `{name}`: url must start with http:// or https://")));
+                        // Point at the value as written (after the server's own line).
+                        let after = src.lines().skip(at.unwrap_or(1)).collect::<Vec<_>>().join("\n");
+                        let (line, column) = match find_pos(&after, raw_url) {
+                            (Some(l), c) => (Some(l + at.unwrap_or(1)), c),
+                            _ => (at, at_col),
+                        };
+                        return Err(err(
+                            line,
+                            column,
+                            format!(
+                                "server `{name}`: url must start with http:// or https:// (got `{}`)",
+                                redact_url(&url)
+                            ),
+                        ));
                     }
                     let mut headers = BTreeMap::new();
                     for (k, v) in &s.headers {
@@ -510,11 +528,11 @@ impl Config {
             };
             let timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
             if timeout_ms == 0 {
-                return Err(err(at, None, format!("server `{name}`: timeout_ms must be at least 1")));
+                return Err(err(at, at_col, format!("server `{name}`: timeout_ms must be at least 1")));
             }
             let reads = s.max_concurrent_reads.unwrap_or(DEFAULT_MAX_CONCURRENT_READS);
             if reads == 0 {
-                return Err(err(at, None, format!("server `{name}`: max_concurrent_reads must be at least 1")));
+                return Err(err(at, at_col, format!("server `{name}`: max_concurrent_reads must be at least 1")));
             }
             let mut server_secrets = std::mem::take(&mut *secrets.borrow_mut());
             server_secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
@@ -573,6 +591,14 @@ pub(crate) fn parse_yaml<T: serde::de::DeserializeOwned>(
 /// 1-based line of the first occurrence of `needle`, for errors found after parsing.
 pub(crate) fn find_line(src: &str, needle: &str) -> Option<usize> {
     src.lines().position(|l| l.contains(needle)).map(|i| i + 1)
+}
+
+/// 1-based line and column (in characters) of the first `needle` in `src`.
+fn find_pos(src: &str, needle: &str) -> (Option<usize>, Option<usize>) {
+    src.lines()
+        .enumerate()
+        .find_map(|(i, l)| l.find(needle).map(|at| (Some(i + 1), Some(l[..at].chars().count() + 1))))
+        .unwrap_or((None, None))
 }
 
 /// Expands `${VAR}`; `$${` is a literal `${`. Returns the name of the first unset variable.
@@ -659,8 +685,9 @@ mod tests {
     fn errors_name_file_and_line() {
         let cases = [
             ("servers:\n  a:\n    comand: x\n", "3:5", "unknown field `comand`"),
-            ("servers:\n  a:\n    command: \"${NOPE}\"\n", ":3", "`NOPE` is not set"),
-            ("servers:\n  bad:name:\n    command: x\n", ":2", "invalid server name"),
+            ("servers:\n  a:\n    command: \"${NOPE}\"\n", ":3:15", "`NOPE` is not set"),
+            ("servers:\n  bad name:\n    command: x\n", ":2:3", "invalid server name"),
+            ("servers:\n  a:\n    url: ftp://x/mcp\n", ":3:10", "url must start with http://"),
             ("servers:\n  a:\n    command: x\n    url: http://x\n", ":2", "both `command` and `url`"),
             ("servers:\n  a: {}\n", ":2", "needs `command`"),
             ("context:\n  max_tokens: lots\n", "2:15", "invalid type"),

@@ -107,8 +107,10 @@ pub enum Error {
         message: String,
     },
     /// The LLM endpoint failed.
-    #[error("chat completion failed: {0}")]
-    OpenAI(#[source] async_openai::error::OpenAIError),
+    /// (The cause is part of the message, so it is not also a `source`,
+    /// which would print it twice in a cause chain.)
+    #[error("chat completion failed: {}", crate::cause::openai_cause(.0))]
+    OpenAI(async_openai::error::OpenAIError),
     /// Anything else, with a message.
     #[error("{0}")]
     Other(String),
@@ -154,7 +156,7 @@ impl Error {
             Error::Protocol { server, what, message } => {
                 Error::Protocol { server: server.clone(), what: what.clone(), message: message.clone() }
             }
-            Error::OpenAI(e) => Error::Other(format!("chat completion failed: {e}")),
+            Error::OpenAI(e) => Error::Other(format!("chat completion failed: {}", crate::cause::openai_cause(e))),
             Error::Other(m) => Error::Other(m.clone()),
         }
     }

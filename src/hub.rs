@@ -39,7 +39,7 @@ use tokio::sync::{Semaphore, broadcast};
 use crate::config::{Config, ENV_ALLOWLIST, ServerConfig, Transport, redact_url};
 use crate::error::{Error, Result};
 use crate::id::ResourceId;
-use crate::pipe::ChildPipe;
+use crate::pipe::{ChildPipe, Diagnostics};
 use crate::resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
 
 /// Most pages we follow in one listing before calling it incomplete.
@@ -50,6 +50,10 @@ const EXIT_GRACE: Duration = Duration::from_millis(1500);
 const TERM_GRACE: Duration = Duration::from_millis(1000);
 /// Longest stderr line forwarded to tracing.
 const MAX_STDERR_LINE: usize = 4096;
+/// Last stderr lines of a server quoted when it fails to start.
+const STDERR_TAIL_LINES: usize = 8;
+/// Longest stderr line quoted when a server fails to start, in characters.
+const STDERR_TAIL_WIDTH: usize = 200;
 
 /// Something a server told us about its resources.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -415,8 +419,10 @@ impl Hub {
         if let Some(t) = backoff.next_try
             && tokio::time::Instant::now() < t
         {
+            // The backoff is the hub's business; the caller needs the cause.
             let wait = t - tokio::time::Instant::now();
-            return Err(unavailable(format!("{last_error} (next reconnect attempt in {} ms)", wait.as_millis())));
+            tracing::debug!(server = %server.cfg.name, "next reconnect attempt in {} ms", wait.as_millis());
+            return Err(unavailable(last_error));
         }
         let old = write(&server.live).take();
         let was_up = old.is_some();
@@ -526,7 +532,7 @@ async fn connect_one(shared: &Shared, s: &Server) -> bool {
     let host =
         Host { server: s.cfg.name.as_str().into(), events: shared.events.clone(), relist: shared.relist_tx.clone() };
     let started = std::time::Instant::now();
-    match connect_server(&s.cfg, host).await.map_err(|e| s.cfg.scrub(&e)) {
+    match connect_server(&s.cfg, host, shared.max_resource_bytes).await.map_err(|e| s.cfg.scrub(&e)) {
         Ok(live) => {
             let connected = started.elapsed();
             let live = Arc::new(live);
@@ -541,7 +547,9 @@ async fn connect_one(shared: &Shared, s: &Server) -> bool {
             true
         }
         Err(e) => {
-            tracing::warn!(server = %s.cfg.name, error = %e, "server unavailable");
+            // Debug, not warn: the failure is returned (failures(), the
+            // report), and whoever shows it says it once.
+            tracing::debug!(server = %s.cfg.name, error = %e, "server unavailable");
             *write(&s.error) = Some(e);
             false
         }
@@ -611,7 +619,7 @@ fn group_alive(pgid: i32) -> bool {
     pgid > 1 && unsafe { libc::kill(-pgid, 0) } == 0
 }
 
-async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<Live, String> {
+async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std::result::Result<Live, String> {
     let timeout = cfg.timeout;
     match &cfg.transport {
         Transport::Stdio { command, command_display, args, env, inherit_env, cwd } => {
@@ -633,17 +641,33 @@ async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<L
             let mut child = wrapped.spawn().map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
             let pgid = child.id().map(|p| p as i32);
             let guard = GroupGuard(pgid);
-            if let Some(stderr) = child.stderr().take() {
-                tokio::spawn(drain_stderr(cfg.name.clone(), stderr));
-            }
-            let transport = ChildPipe::new(child).map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
-            let service = match tokio::time::timeout(timeout, host.serve(transport)).await {
-                Err(_) => return Err(format!("no answer to initialize within {} ms", timeout.as_millis())),
-                Ok(Err(e)) => return Err(format!("initialize failed: {e}")),
-                Ok(Ok(s)) => s,
+            let tail = Arc::new(StdMutex::new(std::collections::VecDeque::new()));
+            let drain = child.stderr().take().map(|e| tokio::spawn(drain_stderr(cfg.name.clone(), e, tail.clone())));
+            let diag = Diagnostics::new(&cfg.name);
+            let transport = ChildPipe::new(child, diag.clone(), max_text)
+                .map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
+            let failure = match tokio::time::timeout(timeout, host.serve(transport)).await {
+                Err(_) => format!("no answer to initialize within {} ms", timeout.as_millis()),
+                Ok(Err(e)) => match diag.exit_status() {
+                    Some(status) => format!("{} before answering initialize", describe_exit(status)),
+                    None if matches!(e, rmcp::service::ClientInitializeError::ConnectionClosed(_)) => {
+                        "closed its stdout before answering initialize".to_owned()
+                    }
+                    None => format!("initialize failed: {e}"),
+                },
+                Ok(Ok(s)) => {
+                    diag.connected();
+                    std::mem::forget(guard);
+                    return Ok(live_from(s, pgid).await);
+                }
             };
-            std::mem::forget(guard);
-            Ok(live_from(service, pgid).await)
+            // The process is gone or about to be killed: let its stderr
+            // reach EOF (a grandchild may hold it open, so bounded).
+            drop(guard);
+            if let Some(drain) = drain {
+                let _ = tokio::time::timeout(Duration::from_millis(300), drain).await;
+            }
+            Err(explain_start_failure(failure, diag.first_junk(), &tail))
         }
         Transport::Http { url, headers } => {
             use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -654,7 +678,8 @@ async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<L
                 let value = http::HeaderValue::from_str(v).map_err(|_| format!("invalid value for header `{k}`"))?;
                 map.insert(name, value);
             }
-            let transport = StreamableHttpClientTransport::from_config(
+            let transport = StreamableHttpClientTransport::with_client(
+                crate::http::ReadStreamingClient::new(max_text),
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
             );
             let service = match tokio::time::timeout(timeout, host.serve(transport)).await {
@@ -665,7 +690,7 @@ async fn connect_server(cfg: &ServerConfig, host: Host) -> std::result::Result<L
                         timeout.as_millis()
                     ));
                 }
-                Ok(Err(e)) => return Err(format!("initialize with {} failed: {e}", redact_url(url))),
+                Ok(Err(e)) => return Err(format!("cannot initialize {}: {}", redact_url(url), init_cause(&e))),
                 Ok(Ok(s)) => s,
             };
             Ok(live_from(service, None).await)
@@ -739,7 +764,13 @@ async fn live_from(service: RunningService<RoleClient, Host>, pgid: Option<i32>)
     }
 }
 
-async fn drain_stderr(server: String, stderr: tokio::process::ChildStderr) {
+/// The last lines a server wrote on stderr, each cut to a readable width.
+type StderrTail = Arc<StdMutex<std::collections::VecDeque<String>>>;
+
+/// Forwards a server's stderr to tracing (debug) and keeps its last
+/// [`STDERR_TAIL_LINES`] lines, which explain a failed start (a Python
+/// traceback, "address in use", a missing module).
+async fn drain_stderr(server: String, stderr: tokio::process::ChildStderr, tail: StderrTail) {
     use tokio::io::AsyncBufReadExt;
     let mut reader = tokio::io::BufReader::new(stderr);
     let mut buf = Vec::new();
@@ -749,10 +780,63 @@ async fn drain_stderr(server: String, stderr: tokio::process::ChildStderr) {
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 let line = String::from_utf8_lossy(&buf[..buf.len().min(MAX_STDERR_LINE)]);
-                tracing::debug!(target: "mcp_stderr", server = %server, "{}", line.trim_end());
+                let line = line.trim_end();
+                tracing::debug!(target: "mcp_stderr", server = %server, "{line}");
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let mut kept: String =
+                    line.chars().filter(|c| !c.is_control() || *c == '\t').take(STDERR_TAIL_WIDTH).collect();
+                if line.chars().count() > STDERR_TAIL_WIDTH {
+                    kept.push('…');
+                }
+                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+                if tail.len() == STDERR_TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(kept);
             }
         }
     }
+}
+
+/// "exited with status 1", "was killed by signal 9 (SIGKILL)".
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(sig)) => {
+            let name = match sig {
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGINT => " (SIGINT)",
+                _ => "",
+            };
+            format!("was killed by signal {sig}{name}")
+        }
+        _ => "exited".to_owned(),
+    }
+}
+
+/// A failed start in words: what happened, the first non-JSON line it
+/// wrote on stdout, and the last lines of its stderr (the caller scrubs
+/// secrets from the whole).
+fn explain_start_failure(what: String, junk: Option<String>, tail: &StderrTail) -> String {
+    let mut out = what;
+    if let Some(junk) = junk {
+        out.push_str(&format!("; it wrote non-JSON on stdout: {junk}"));
+    }
+    let tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+    if !tail.is_empty() {
+        out.push_str("; its stderr ends with:");
+        for line in tail.iter() {
+            out.push_str("\n    | ");
+            out.push_str(line);
+        }
+    }
+    out
 }
 
 async fn list_server(cfg: &ServerConfig, live: &Live) -> Listing {
@@ -896,7 +980,9 @@ fn convert_contents(contents: Vec<ResourceContents>, max_bytes: usize) -> Conten
     let mut left = max_bytes;
     for c in contents {
         match c {
-            ResourceContents::TextResourceContents { mut text, mime_type, .. } => {
+            ResourceContents::TextResourceContents { mut text, mime_type, meta, .. } => {
+                // Cut already while it arrived (an answer too large to hold).
+                out.truncated_bytes += crate::large::marks(meta.as_ref()).0;
                 if text.len() > left {
                     let mut cut = left;
                     while !text.is_char_boundary(cut) {
@@ -910,8 +996,9 @@ fn convert_contents(contents: Vec<ResourceContents>, max_bytes: usize) -> Conten
                 }
                 out.parts.push(ContentPart::Text { text, mime_type });
             }
-            ResourceContents::BlobResourceContents { blob, mime_type, .. } => {
-                out.parts.push(ContentPart::Blob { mime_type, base64_len: blob.len() });
+            ResourceContents::BlobResourceContents { blob, mime_type, meta, .. } => {
+                let base64_len = crate::large::marks(meta.as_ref()).1.unwrap_or(blob.len());
+                out.parts.push(ContentPart::Blob { mime_type, base64_len });
             }
             _ => {}
         }
@@ -931,6 +1018,10 @@ fn scrub_error(cfg: &ServerConfig, e: Error) -> Error {
 
 fn map_service_error(e: ServiceError, server: &str, what: &str, id: Option<&ResourceId>) -> Error {
     match e {
+        // Our transport's own verdict on an over-long answer, not the server's.
+        ServiceError::McpError(d) if d.code.0 == crate::large::TOO_LARGE => {
+            Error::Protocol { server: server.to_owned(), what: what.to_owned(), message: d.message.to_string() }
+        }
         ServiceError::McpError(d)
             if id.is_some() && (d.code == ErrorCode::RESOURCE_NOT_FOUND || d.code == ErrorCode::INVALID_PARAMS) =>
         {
@@ -946,7 +1037,18 @@ fn map_service_error(e: ServiceError, server: &str, what: &str, id: Option<&Reso
         ServiceError::Timeout { timeout } => {
             Error::Timeout { server: server.to_owned(), what: what.to_owned(), after_ms: timeout.as_millis() as u64 }
         }
+        ServiceError::TransportSend(e) => {
+            Error::Protocol { server: server.to_owned(), what: what.to_owned(), message: crate::cause::http_cause(&e) }
+        }
         other => Error::Protocol { server: server.to_owned(), what: what.to_owned(), message: other.to_string() },
+    }
+}
+
+/// Why an HTTP handshake failed: the transport's cause in words, else rmcp's text.
+fn init_cause(e: &rmcp::service::ClientInitializeError) -> String {
+    match e {
+        rmcp::service::ClientInitializeError::TransportError { error, .. } => crate::cause::http_cause(error),
+        other => crate::cause::one_line(&other.to_string(), 300),
     }
 }
 

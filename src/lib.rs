@@ -38,6 +38,7 @@ pub use async_openai;
 
 mod budget;
 mod cache;
+mod cause;
 mod client;
 mod config;
 mod context;
@@ -45,9 +46,11 @@ mod context;
 pub mod demo;
 mod error;
 mod gate;
+mod http;
 mod hub;
 mod id;
 mod inject;
+mod large;
 mod pipe;
 mod policy;
 mod relevance;
@@ -65,7 +68,7 @@ pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
 pub use hub::{Hub, HubEvent, ServerFailure, ServerStatus};
 pub use id::ResourceId;
 pub use inject::{MESSAGE_NAME, inject_message, is_context_message};
-pub use policy::{Decision, Effect, Policy, PolicySummary, RuleRef, UserPolicy};
+pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use relevance::{
     ChunkIndex, ChunkReport, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, EARLIER_TURN_WEIGHT, EARLIER_TURNS, Query,
     SelectMode,

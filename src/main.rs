@@ -3,7 +3,13 @@
 //! `main` returns an exit code; `run` returns `anyhow::Result` and errors are
 //! printed with their cause chain. A closed stdout (`| head`) is success.
 //! Every command that connects to servers closes them before exiting, on
-//! success, on error and on Ctrl-C, so no child process is left behind.
+//! success, on error and on SIGINT (Ctrl-C), SIGTERM or SIGHUP at any point,
+//! the start-up included, so no child process is left behind.
+//!
+//! Exit codes (README, "Exit codes"): 0 success (some servers may have
+//! failed, with a warning each); 1 an error, including "all N servers
+//! failed"; 2 a usage error; 128 + the signal's number when interrupted
+//! (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -104,7 +110,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = rt.block_on(run(cli));
+    let result = rt.block_on(async {
+        if let Err(e) = listen_for_signals() {
+            eprintln!("warning: cannot listen for signals: {e}");
+        }
+        run(cli).await
+    });
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -127,8 +138,19 @@ fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MCP_CONTEXT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(colour_on_stderr());
+    // Without -v only warnings show: a timestamp is noise next to `warning:` lines.
+    let _ = if verbose == 0 { builder.without_time().try_init() } else { builder.try_init() };
+}
+
+/// ANSI colour only for a terminal, and never with `NO_COLOR` set (no-color.org).
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -168,7 +190,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 Some(select.iter().map(|s| ResourceId::parse(s)).collect::<Result<Vec<_>, _>>()?)
             };
-            let ctx = McpContext::from_config(&config).await?;
+            if let Some(ids) = &selection {
+                for id in ids {
+                    only_server(config.clone(), Some(&id.server)).map(drop)?;
+                }
+            }
+            let ctx = tokio::select! {
+                ctx = McpContext::from_config(&config) => ctx?,
+                code = signalled() => return Ok(code),
+            };
+            let servers = config.servers.len();
             let result = interruptible(&ctx, async {
                 let req = ContextRequest { user: user.clone(), selection, budget, model, query, select: mode };
                 let (message, report) = ctx.build(&req).await?;
@@ -188,6 +219,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     out.flush()?;
                     eprint!("\n{report}");
                 }
+                all_failed(
+                    servers,
+                    report.failed_servers.iter().filter(|f| !ctx.hub().is_connected(&f.server)).count(),
+                )?;
                 Ok(ExitCode::SUCCESS)
             })
             .await;
@@ -266,18 +301,37 @@ fn only_server(mut config: Config, server: Option<&str>) -> anyhow::Result<Confi
     Ok(config)
 }
 
+/// Connects, runs `f`, closes. A signal while connecting drops the
+/// half-made hub, whose guards kill every process group started so far; a
+/// signal later closes the hub as usual. When every server failed there is
+/// nothing to run `f` on: that is an error (exit 1), said once.
 async fn with_hub<F, Fut>(config: &Config, f: F) -> anyhow::Result<ExitCode>
 where
     F: FnOnce(Hub) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
 {
-    let hub = Hub::connect(config).await;
-    for failure in hub.failures() {
-        eprintln!("warning: server {} failed: {}", failure.server, failure.error);
-    }
-    let result = tokio::select! {
-        r = f(hub.clone()) => r,
-        _ = tokio::signal::ctrl_c() => Ok(ExitCode::from(130)),
+    let hub = tokio::select! {
+        hub = Hub::connect(config) => hub,
+        code = signalled() => return Ok(code),
+    };
+    let failures = hub.failures();
+    let down: Vec<_> = failures.iter().filter(|f| !hub.is_connected(&f.server)).collect();
+    let result = if !down.is_empty() && down.len() == config.servers.len() {
+        Err(match down.as_slice() {
+            [one] => anyhow::anyhow!("server `{}` failed: {}", one.server, one.error),
+            all => {
+                let each: Vec<String> = all.iter().map(|f| format!("\n  server `{}`: {}", f.server, f.error)).collect();
+                anyhow::anyhow!("all {} servers failed:{}", all.len(), each.concat())
+            }
+        })
+    } else {
+        for failure in &failures {
+            eprintln!("warning: server `{}` failed: {}", failure.server, failure.error);
+        }
+        tokio::select! {
+            r = f(hub.clone()) => r,
+            code = signalled() => Ok(code),
+        }
     };
     hub.close().await;
     result
@@ -289,7 +343,54 @@ where
 {
     tokio::select! {
         r = f => r,
-        _ = tokio::signal::ctrl_c() => Ok(ExitCode::from(130)),
+        code = signalled() => Ok(code),
+    }
+}
+
+/// An error when all `servers` configured failed (`failed` of them).
+fn all_failed(servers: usize, failed: usize) -> anyhow::Result<()> {
+    match (servers, failed) {
+        (0, _) => Ok(()),
+        (n, f) if f < n => Ok(()),
+        (1, _) => bail!("the server failed (see above)"),
+        (n, _) => bail!("all {n} servers failed (see above)"),
+    }
+}
+
+/// The first SIGINT, SIGTERM or SIGHUP, as the exit code it calls for.
+static SIGNALLED: std::sync::OnceLock<tokio::sync::watch::Receiver<Option<u8>>> = std::sync::OnceLock::new();
+
+/// Installs the handlers before anything is spawned: from here on a signal
+/// no longer kills us outright (which would leave servers in their own
+/// process groups running), it ends the command through [`signalled`].
+fn listen_for_signals() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let _ = SIGNALLED.set(rx);
+    tokio::spawn(async move {
+        let code = tokio::select! {
+            _ = int.recv() => 128 + libc::SIGINT,
+            _ = term.recv() => 128 + libc::SIGTERM,
+            _ = hup.recv() => 128 + libc::SIGHUP,
+        };
+        let _ = tx.send(Some(code as u8));
+        // Keep the handlers installed (and the sender alive) until exit.
+        std::future::pending::<()>().await;
+        drop((int, term, hup));
+    });
+    Ok(())
+}
+
+/// Resolves once a signal has arrived (at once if one already has).
+async fn signalled() -> ExitCode {
+    let Some(rx) = SIGNALLED.get() else { return std::future::pending().await };
+    let mut rx = rx.clone();
+    match rx.wait_for(Option::is_some).await {
+        Ok(code) => ExitCode::from(code.unwrap_or(1)),
+        Err(_) => std::future::pending().await,
     }
 }
 
@@ -306,5 +407,21 @@ fn list(hub: &Hub, server: Option<&str>, json: bool) -> anyhow::Result<ExitCode>
         return Ok(ExitCode::SUCCESS);
     }
     write!(out, "{}", mcp_context::format_listing(&resources, server))?;
+    // Templates under their own heading: `--json` has them, so does the text.
+    let templates: Vec<_> = hub.templates().into_iter().filter(|t| server.is_none_or(|s| t.server == s)).collect();
+    if !templates.is_empty() {
+        writeln!(out, "\nResource templates:")?;
+        for t in templates {
+            let clean = |s: &str| s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>();
+            write!(out, "- {}:{}", t.server, clean(&t.uri_template))?;
+            if !t.name.is_empty() {
+                write!(out, " | {}", clean(&t.name))?;
+            }
+            if let Some(d) = t.description.as_deref().filter(|d| !d.is_empty()) {
+                write!(out, " | {}", clean(d))?;
+            }
+            writeln!(out)?;
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -15,12 +15,17 @@
 //!   every other line still goes through rmcp's own decoder, so notifications,
 //!   errors and server requests behave exactly as before.
 //!
-//! Lines longer than [`MAX_LINE`] are dropped (the request they answer then
-//! times out, as with rmcp); lines that are not MCP messages (junk, or JSON
-//! of another shape) are ignored and logged at debug level, where rmcp's own
+//! A line longer than [`MAX_LINE`] is not kept whole: it is decoded as it
+//! arrives (`large`), so a huge `resources/read` answer keeps its first
+//! `max_resource_bytes` of text, cut and marked, in bounded memory; any
+//! other over-long message fails its request at once with "answer larger
+//! than N bytes" rather than waiting out its timeout. Lines that are not MCP
+//! messages (junk, or JSON of another shape) are ignored, where rmcp's own
 //! transport answers the second kind with an Invalid Request error that a
 //! confused server may echo back; a blank line, a trailing `\r` and a UTF-8
-//! byte-order mark are tolerated.
+//! byte-order mark are tolerated. The first ignored line is kept in [`Diagnostics`] (a banner, or
+//! the wrong program entirely, is what a user needs to see when a handshake
+//! fails) and, once connected, warned about once.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -38,10 +43,97 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 
+use crate::large::LargeAnswer;
+
 /// Longest line accepted from a server (the same cap as rmcp's).
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
 /// Most bytes gathered into one write.
 const MAX_BATCH: usize = 1 << 20;
+
+/// Longest excerpt of a non-JSON line kept for messages.
+const JUNK_EXCERPT: usize = 120;
+
+/// What the pipe saw that explains a failure: shared with the hub, which
+/// outlives the transport (rmcp drops it when a handshake fails).
+#[derive(Default)]
+pub struct Diagnostics {
+    state: Mutex<DiagState>,
+}
+
+#[derive(Default)]
+struct DiagState {
+    server: String,
+    first_junk: Option<String>,
+    warned: bool,
+    connected: bool,
+    exit: Option<std::process::ExitStatus>,
+}
+
+impl Diagnostics {
+    /// Diagnostics of the server called `server` (for its warnings).
+    pub fn new(server: &str) -> Arc<Diagnostics> {
+        Arc::new(Diagnostics { state: Mutex::new(DiagState { server: server.to_owned(), ..DiagState::default() }) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DiagState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The first line the server wrote on stdout that was not an MCP
+    /// message, quoted and truncated.
+    pub fn first_junk(&self) -> Option<String> {
+        self.lock().first_junk.clone()
+    }
+
+    /// How the process ended, if it did while its stdout was read.
+    pub fn exit_status(&self) -> Option<std::process::ExitStatus> {
+        self.lock().exit
+    }
+
+    /// The handshake succeeded: junk seen so far (and the first one seen
+    /// later) is a warning, once, rather than part of an error.
+    pub fn connected(&self) {
+        let mut s = self.lock();
+        s.connected = true;
+        s.warn_once();
+    }
+
+    fn junk(&self, line: &[u8]) {
+        let mut s = self.lock();
+        if s.first_junk.is_none() {
+            s.first_junk = Some(excerpt(line));
+        }
+        if s.connected {
+            s.warn_once();
+        }
+    }
+}
+
+impl DiagState {
+    fn warn_once(&mut self) {
+        if let Some(junk) = &self.first_junk
+            && !std::mem::replace(&mut self.warned, true)
+        {
+            tracing::warn!("server `{}` wrote non-JSON on stdout (ignored): {junk}", self.server);
+        }
+    }
+}
+
+/// `'text'`, lossy UTF-8, control characters escaped, at most
+/// [`JUNK_EXCERPT`] characters (then `…`).
+fn excerpt(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    let mut out = String::from("'");
+    for (i, c) in text.chars().enumerate() {
+        if i == JUNK_EXCERPT {
+            out.push('…');
+            break;
+        }
+        if c.is_control() { out.extend(c.escape_default()) } else { out.push(c) }
+    }
+    out.push('\'');
+    out
+}
 
 /// A spawned server's pipes, as an rmcp [`Transport`].
 pub struct ChildPipe {
@@ -49,17 +141,27 @@ pub struct ChildPipe {
     stdout: BufReader<ChildStdout>,
     line: Vec<u8>,
     max_line: usize,
-    /// Dropping the line being read because it is over [`MAX_LINE`].
-    discarding: bool,
+    /// The line being read is over [`MAX_LINE`]: it is decoded as it
+    /// arrives instead of being kept.
+    discarding: Option<Box<LargeAnswer>>,
+    /// Bytes of text kept from an over-long read answer.
+    max_text: usize,
     queue: Option<mpsc::UnboundedSender<Vec<u8>>>,
     writer: Option<tokio::task::JoinHandle<()>>,
     /// Ids of our `resources/read` requests still waiting for an answer.
     reads: Arc<Mutex<HashSet<RequestId>>>,
+    diag: Arc<Diagnostics>,
 }
 
 impl ChildPipe {
-    /// Takes the child's stdin and stdout (both must be piped).
-    pub fn new(mut child: Box<dyn ChildWrapper>) -> std::io::Result<ChildPipe> {
+    /// Takes the child's stdin and stdout (both must be piped). What the
+    /// pipe notices (junk, the exit status) goes to `diag`.
+    /// An over-long read answer keeps `max_text` bytes of its text.
+    pub fn new(
+        mut child: Box<dyn ChildWrapper>,
+        diag: Arc<Diagnostics>,
+        max_text: usize,
+    ) -> std::io::Result<ChildPipe> {
         let missing = |what| std::io::Error::other(format!("the child's {what} is not piped"));
         let stdin = child.inner_mut().stdin().take().ok_or_else(|| missing("stdin"))?;
         let stdout = child.inner_mut().stdout().take().ok_or_else(|| missing("stdout"))?;
@@ -69,17 +171,31 @@ impl ChildPipe {
             stdout: BufReader::with_capacity(64 * 1024, stdout),
             line: Vec::new(),
             max_line: MAX_LINE,
-            discarding: false,
+            discarding: None,
+            max_text,
             queue: Some(queue),
             writer: Some(tokio::spawn(write_loop(stdin, rx))),
             reads: Arc::default(),
+            diag,
         })
     }
 
+    /// The server's stdout ended: note how the process ended (it usually
+    /// exits at the same moment; a process that only closed stdout is not
+    /// waited for long).
+    async fn note_exit(&mut self) {
+        if let Some(child) = self.child.as_mut()
+            && let Ok(Ok(status)) = tokio::time::timeout(std::time::Duration::from_millis(500), child.wait()).await
+        {
+            self.diag.lock().exit = Some(status);
+        }
+    }
+
     /// Reads one line into `self.line`, never holding more than [`MAX_LINE`]
-    /// bytes. Cancel-safe: a partial line stays in `self.line` for the next
-    /// call (rmcp polls `receive` inside a `select!`).
-    async fn read_line(&mut self) -> std::io::Result<Option<()>> {
+    /// bytes (a longer one comes back as [`Line::Overlong`]). Cancel-safe: a
+    /// partial line stays in `self` for the next call (rmcp polls `receive`
+    /// inside a `select!`).
+    async fn read_line(&mut self) -> std::io::Result<Option<Line>> {
         loop {
             let available = self.stdout.fill_buf().await?;
             if available.is_empty() {
@@ -89,23 +205,44 @@ impl ChildPipe {
                 Some(i) => (i + 1, true),
                 None => (available.len(), false),
             };
-            if !self.discarding {
-                if self.line.len() + take > self.max_line {
-                    tracing::warn!(max = self.max_line, "a server sent a line over the limit; dropped");
-                    self.line.clear();
-                    self.discarding = true;
-                } else {
-                    self.line.extend_from_slice(&available[..take]);
+            match &mut self.discarding {
+                Some(large) => {
+                    large.feed(&available[..take]);
                 }
+                None if self.line.len() + take > self.max_line => {
+                    let mut large = Box::new(LargeAnswer::new(self.max_text, self.max_line));
+                    large.feed(&self.line);
+                    large.feed(&available[..take]);
+                    // Give the buffer back: it held a 16 MiB start of line.
+                    self.line = Vec::new();
+                    self.discarding = Some(large);
+                }
+                None => self.line.extend_from_slice(&available[..take]),
             }
             self.stdout.consume(take);
             if done {
-                if std::mem::take(&mut self.discarding) {
-                    continue;
-                }
-                return Ok(Some(()));
+                return Ok(Some(match self.discarding.take() {
+                    Some(over) => Line::Overlong(over),
+                    None => Line::Complete,
+                }));
             }
         }
+    }
+
+    /// An over-long line, decoded: the read answer with its text cut, or
+    /// an error for the request it answers ("answer larger than N bytes"),
+    /// so that the caller hears at once; nothing when it has no `id`.
+    fn overlong(&self, large: LargeAnswer) -> Option<ServerJsonRpcMessage> {
+        let msg = large.finish();
+        tracing::debug!(max = self.max_line, usable = msg.is_some(), "a server sent a line over the limit");
+        if let Some(
+            JsonRpcMessage::Response(JsonRpcResponse { id, .. })
+            | JsonRpcMessage::Error(JsonRpcError { id: Some(id), .. }),
+        ) = &msg
+        {
+            self.reads.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        }
+        msg
     }
 
     fn decode(&self, line: &[u8]) -> Option<ServerJsonRpcMessage> {
@@ -124,6 +261,7 @@ impl ChildPipe {
             }
             Err(e) => {
                 tracing::debug!("ignoring a line the server sent that is not an MCP message: {e}");
+                self.diag.junk(line);
                 None
             }
         }
@@ -160,6 +298,14 @@ impl ChildPipe {
             result: ServerResult::ReadResourceResult(result),
         }))
     }
+}
+
+/// What [`ChildPipe::read_line`] read.
+enum Line {
+    /// A whole line, in `ChildPipe::line`.
+    Complete,
+    /// A line over the limit, decoded as it arrived.
+    Overlong(Box<LargeAnswer>),
 }
 
 /// Decodes a `resources/read` result the common way: contents that are each
@@ -258,10 +404,18 @@ impl Transport<RoleClient> for ChildPipe {
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
         loop {
             match self.read_line().await {
-                Ok(Some(())) => {}
-                Ok(None) => return None,
+                Ok(Some(Line::Complete)) => {}
+                Ok(Some(Line::Overlong(large))) => match self.overlong(*large) {
+                    Some(msg) => return Some(msg),
+                    None => continue,
+                },
+                Ok(None) => {
+                    self.note_exit().await;
+                    return None;
+                }
                 Err(e) => {
                     tracing::debug!("reading the server's stdout failed: {e}");
+                    self.note_exit().await;
                     return None;
                 }
             }
@@ -337,7 +491,7 @@ mod tests {
         cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
         let mut wrapped = CommandWrap::from(cmd);
         wrapped.wrap(KillOnDrop);
-        ChildPipe::new(wrapped.spawn().expect("sh")).expect("pipes")
+        ChildPipe::new(wrapped.spawn().expect("sh"), Diagnostics::new("t"), 1 << 20).expect("pipes")
     }
 
     fn read_request(id: i64, uri: &str) -> ClientJsonRpcMessage {
@@ -355,6 +509,7 @@ mod tests {
             "\\n   \\n".to_owned(),
             "not json at all\\n".to_owned(),
             format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{{\"contents\":[{{\"uri\":\"{long}\",\"text\":\"t\"}}]}}}}\\n"),
+            format!("{{\"jsonrpc\":\"2.0\",\"result\":{{\"resources\":[{{\"uri\":\"{long}\",\"name\":\"n\"}}]}},\"id\":10}}\\n"),
             "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"contents\":[{\"uri\":\"a://1\",\"text\":\"one\"}]}}\\r\\n".to_owned(),
             "{\"jsonrpc\":\"2.0\",\"id\":2,\"error\":{\"code\":-32002,\"message\":\"nope\"}}\\n".to_owned(),
             "{\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"contents\":[{\"uri\":\"a://3\",\"text\":\"three\"}],\"ttlMs\":7}}".to_owned(),
@@ -370,7 +525,18 @@ mod tests {
             notification,
             JsonRpcMessage::Notification(n) if matches!(n.notification, ServerNotification::ResourceListChangedNotification(_))
         ));
-        // Blank lines, junk and the over-long answer (id 9) are skipped.
+        // Blank lines and junk are skipped; the over-long read answer (id 9) is decoded as it
+        // arrives; the over-long listing (id 10) cannot be cut and fails its request at once.
+        let JsonRpcMessage::Response(nine) = pipe.receive().await.expect("answer 9") else { panic!("not a response") };
+        assert_eq!(nine.id, RequestId::Number(9));
+        let ServerResult::ReadResourceResult(r) = nine.result else { panic!("not a read result") };
+        assert!(
+            matches!(&r.contents[0], ResourceContents::TextResourceContents { text, uri, .. } if text == "t" && uri == &long)
+        );
+        let JsonRpcMessage::Error(ten) = pipe.receive().await.expect("error 10") else { panic!("not an error") };
+        assert_eq!(ten.id, Some(RequestId::Number(10)));
+        assert_eq!(ten.error.message, "answer larger than 200 bytes");
+        assert_eq!(pipe.diag.first_junk().as_deref(), Some("'not json at all'"));
         let JsonRpcMessage::Response(one) = pipe.receive().await.expect("answer 1") else { panic!("not a response") };
         assert_eq!(one.id, RequestId::Number(1));
         let ServerResult::ReadResourceResult(r) = one.result else { panic!("not a read result") };
@@ -391,7 +557,7 @@ mod tests {
         cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
         let mut wrapped = CommandWrap::from(cmd);
         wrapped.wrap(KillOnDrop);
-        let mut pipe = ChildPipe::new(wrapped.spawn().expect("sh")).expect("pipes");
+        let mut pipe = ChildPipe::new(wrapped.spawn().expect("sh"), Diagnostics::new("t"), 1 << 20).expect("pipes");
         let n = 2000;
         for id in 0..n {
             pipe.send(read_request(id, &format!("a://{id}"))).await.expect("queued");

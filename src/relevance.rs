@@ -348,7 +348,7 @@ impl ChunkIndex {
         for (start, end) in ranges {
             let text = &body[start..end];
             let mut terms: Vec<(u32, f32)> = EMBEDDER.embed(text).iter().map(|e| (e.index, e.value)).collect();
-            terms.sort_by(|a, b| a.0.cmp(&b.0));
+            terms.sort_by_key(|t| t.0);
             terms.dedup_by_key(|(t, _)| *t);
             let tokens = chunked.tokens_between(start, end).max(1);
             chunked.chunks.push(Chunk { start, end, tokens, terms: terms.into_boxed_slice() });

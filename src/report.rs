@@ -150,7 +150,9 @@ impl Report {
             tracing::debug!(id = %e.id, reason = %e.reason, detail = e.detail.as_deref().unwrap_or(""), "excluded");
         }
         for f in &self.failed_servers {
-            tracing::warn!(server = %f.server, error = %f.error, "server failed");
+            // The failure is in the report that the caller shows; a warning
+            // here would print it a second time.
+            tracing::info!(server = %f.server, error = %f.error, "server failed");
         }
     }
 }

@@ -15,7 +15,7 @@ pub(crate) fn chatbot_binary() -> PathBuf {
     dir.join("examples").join("chatbot")
 }
 
-fn write_config(dir: &std::path::Path, t: &str) -> PathBuf {
+pub(crate) fn write_config(dir: &std::path::Path, t: &str) -> PathBuf {
     let path = dir.join("chat.yaml");
     std::fs::write(
         &path,
@@ -26,7 +26,7 @@ fn write_config(dir: &std::path::Path, t: &str) -> PathBuf {
 }
 
 /// The chatbot as alice, talking to `llm_base` (none: no endpoint configured).
-fn chat_command(config: &std::path::Path, llm_base: Option<&str>) -> Command {
+pub(crate) fn chat_command(config: &std::path::Path, llm_base: Option<&str>) -> Command {
     let mut cmd = Command::new(chatbot_binary());
     cmd.args(["--config", config.to_str().unwrap(), "--user", "alice"])
         .env_remove("OPENAI_BASE_URL")
@@ -37,7 +37,12 @@ fn chat_command(config: &std::path::Path, llm_base: Option<&str>) -> Command {
     cmd
 }
 
-fn run_chat(llm_base: Option<&str>, config: &std::path::Path, input: &str, extra: &[&str]) -> (String, String) {
+pub(crate) fn run_chat(
+    llm_base: Option<&str>,
+    config: &std::path::Path,
+    input: &str,
+    extra: &[&str],
+) -> (String, String) {
     let mut child = chat_command(config, llm_base)
         .args(extra)
         .stdin(Stdio::piped())

@@ -29,7 +29,12 @@ fn list_prints_every_resource_sorted() {
     let out = run(repo(), &["list"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    let lines: Vec<&str> = stdout.lines().collect();
+    let (resources, templates) = stdout.split_once("\n\n").expect("templates follow the resources");
+    assert_eq!(
+        templates,
+        "Resource templates:\n- demo:demo://users/{user}/profile | user-profile | A user's account profile\n"
+    );
+    let lines: Vec<&str> = resources.lines().collect();
     assert_eq!(lines[0], "Available MCP Resources:");
     assert_eq!(lines.len(), 8, "{stdout}");
     assert!(lines.contains(&"- demo:demo://docs/guide | guide | How to create, tag and share notes"));

@@ -146,6 +146,12 @@ pub fn policies_dir() -> PathBuf {
 /// A fixture over Streamable HTTP on 127.0.0.1 (ephemeral port). Returns the
 /// URL and a guard that stops the server when dropped.
 pub async fn http_fixture(opts: Options) -> (String, Fixture, tokio_util::sync::CancellationToken) {
+    http_fixture_as(opts, false).await
+}
+
+/// [`http_fixture`], answering each request with one JSON body (stateless
+/// mode) when `json`, with an SSE stream (sessions) otherwise.
+pub async fn http_fixture_as(opts: Options, json: bool) -> (String, Fixture, tokio_util::sync::CancellationToken) {
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
     };
@@ -155,7 +161,14 @@ pub async fn http_fixture(opts: Options) -> (String, Fixture, tokio_util::sync::
     let service = StreamableHttpService::new(
         move || Ok(shared.clone()),
         LocalSessionManager::default().into(),
-        StreamableHttpServerConfig::default().with_cancellation_token(ct.child_token()),
+        if json {
+            StreamableHttpServerConfig::default()
+                .with_legacy_session_mode(false)
+                .with_json_response(true)
+                .with_cancellation_token(ct.child_token())
+        } else {
+            StreamableHttpServerConfig::default().with_cancellation_token(ct.child_token())
+        },
     );
     let router = Router::new().nest_service("/mcp", service);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -119,9 +119,12 @@ const CASES: &[Case] = &[
         name: "a 100 MB text resource",
         args: &["--specials", "--big-bytes", "100000000"],
         select: &["fx:fx://big", "fx:fx://doc/0"],
-        // The transport drops lines over 16 MiB; the read then times out.
+        // The server takes longer than the 1 s timeout to send 100 MB; had it
+        // been quicker, the text would be read as a stream and cut.
         check: |r, _| {
-            excluded_error(r, "fx:fx://big", "fx://big");
+            if !r.included.iter().any(|i| i.id == "fx:fx://big" && i.truncated) {
+                excluded_error(r, "fx:fx://big", "fx://big");
+            }
             assert!(r.included.iter().any(|i| i.id == "fx:fx://doc/0"));
         },
         timeout_ms: 1000,
@@ -210,7 +213,8 @@ async fn every_fault_is_contained() {
 }
 
 /// Peak memory of the CLI while a server sends a 100 MB resource: bounded by
-/// the transport's 16 MiB line cap, not by what the server sends.
+/// the transport's 16 MiB line cap and max_resource_bytes, not by what the
+/// server sends.
 #[test]
 fn a_huge_resource_does_not_blow_up_memory() {
     let t = tag();
@@ -257,7 +261,13 @@ fn a_huge_resource_does_not_blow_up_memory() {
     assert!(max_rss_mib > 1.0 && max_rss_mib < 120.0, "peak RSS {max_rss_mib:.1} MiB");
     let out = reader.join().unwrap();
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let big = v["excluded"].as_array().unwrap().iter().find(|e| e["id"] == "fx:fx://big").unwrap();
-    assert_eq!(big["reason"], "error");
-    assert_eq!(v["included"][0]["id"], "fx:fx://doc/0");
+    // With a 2 s timeout the (debug-built) server is usually too slow to
+    // send 100 MB; when it is not, the text is read as a stream and cut
+    // (edges.rs has the tests with time to spare).
+    let included = |id: &str| v["included"].as_array().unwrap().iter().any(|i| i["id"] == id);
+    if !included("fx:fx://big") {
+        let big = v["excluded"].as_array().unwrap().iter().find(|e| e["id"] == "fx:fx://big").unwrap();
+        assert_eq!(big["reason"], "error");
+    }
+    assert!(included("fx:fx://doc/0"));
 }

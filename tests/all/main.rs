@@ -9,6 +9,7 @@ mod cache;
 mod chatbot;
 mod cli;
 mod common;
+mod edges;
 mod faults;
 mod gate;
 mod hub;

@@ -51,6 +51,8 @@ pub struct Options {
     pub flood: usize,
     /// List fx://hang (but not fx://exit).
     pub list_hang: bool,
+    /// Never answer resources/list.
+    pub hang_list: bool,
     /// Also serve a small file tree and a secret the way real servers read
     /// URIs: normalised first ([`resolve`]: scheme and host lower-cased,
     /// percent-decoded, `\` as `/`, dot and empty segments resolved), then
@@ -306,6 +308,9 @@ impl ServerHandler for Fixture {
         request: Option<PaginatedRequestParams>,
         _cx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
+        if self.opts.hang_list {
+            std::future::pending::<()>().await;
+        }
         let all = self.uris();
         let page = if self.opts.page_size == 0 { all.len().max(1) } else { self.opts.page_size };
         let cursor = request.and_then(|r| r.cursor);

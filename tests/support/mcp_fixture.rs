@@ -4,7 +4,9 @@
 //! `--exit-at-start`, `--hang-init` (never answers), `--garbage` (writes
 //! non-JSON to stdout first), `--ignore-term` (ignores SIGTERM and stdin EOF),
 //! `--fs` (a normalising file-like server), `--grandchild` (spawns a long-lived child in its process group, pid written
-//! to `--pid-file`).
+//! to `--pid-file`), `--traceback` (a Python-like traceback on stderr, with
+//! the value of $FIXTURE_SECRET in it, then exit 1), `--banner` (a banner line
+//! on stdout before serving), `--hang-list` (never answers resources/list).
 
 #[path = "fixture.rs"]
 mod handler;
@@ -19,6 +21,23 @@ fn main() {
     let num = |n: &str, d: usize| val(n).and_then(|v| v.parse().ok()).unwrap_or(d);
     if flag("--exit-at-start") {
         std::process::exit(3);
+    }
+    if flag("--traceback") {
+        let secret = std::env::var("FIXTURE_SECRET").unwrap_or_default();
+        eprintln!("INFO starting server");
+        for i in 0..30 {
+            eprintln!("DEBUG noise line {i}");
+        }
+        eprintln!("Traceback (most recent call last):");
+        eprintln!("  File \"/srv/app/server.py\", line 12, in <module>");
+        eprintln!("    client = connect(token=\"{secret}\")");
+        eprintln!("  File \"/srv/app/db.py\", line 40, in connect");
+        eprintln!("    raise ConnectionError(f\"database refused token {{token}}\")");
+        eprintln!("ConnectionError: database refused token {secret} at db.internal:5432 {}", "x".repeat(400));
+        std::process::exit(1);
+    }
+    if flag("--banner") {
+        println!("Serving HTTP on 0.0.0.0 port 8000 (http://0.0.0.0:8000/) ...");
     }
     if let Some(pid_file) = val("--pid-file") {
         let _ = std::fs::write(pid_file, std::process::id().to_string());
@@ -60,6 +79,7 @@ fn main() {
         private: flag("--private"),
         flood: num("--flood", 0),
         list_hang: flag("--hang"),
+        hang_list: flag("--hang-list"),
         fs: flag("--fs"),
         dir: val("--dir"),
     };
