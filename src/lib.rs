@@ -71,7 +71,7 @@ pub use inject::{MESSAGE_NAME, inject_message, is_context_message};
 pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use relevance::{
     ChunkIndex, ChunkReport, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, EARLIER_TURN_WEIGHT, EARLIER_TURNS, Query,
-    SelectMode,
+    SelectMode, compose_by_relevance,
 };
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 pub use report::{ExcludeReason, Excluded, Included, Report, Timings};

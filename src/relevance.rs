@@ -411,6 +411,26 @@ pub(crate) fn compose_with_mode(
     Composed { composition, mode: SelectMode::Relevance, warnings }
 }
 
+/// The pure middle of relevance mode, for callers that read resources
+/// themselves (as [`compose`] is for priority mode): ranks every chunk of
+/// `items` (already-read resources in resource order, none forced) against
+/// `query` and packs the best under `budget`. Chunks are taken from `index`,
+/// and cut there the first time a content version is seen. CPU-bound: call
+/// it off the async runtime.
+pub fn compose_by_relevance(
+    tok: &Tokenizer,
+    cache: &TokenCache,
+    index: &ChunkIndex,
+    preamble: &str,
+    budget: usize,
+    items: &[(&Resource, &Arc<Contents>)],
+    query: Option<&Query>,
+) -> Composition {
+    let items: Vec<Candidate<'_>> =
+        items.iter().map(|(r, c)| Candidate { resource: r, contents: c, forced: false }).collect();
+    compose_relevant(tok, cache, index, preamble, budget, &items, query)
+}
+
 /// Ranks every chunk of `items` against `query` and packs the best.
 pub(crate) fn compose_relevant(
     tok: &Tokenizer,

@@ -163,3 +163,53 @@ fn preview_query_shows_chunks_in_json() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected auto, priority or relevance"));
 }
+
+/// The evaluation on real text this project did not write (BENCHMARKS.md):
+/// the Python FAQ (`python3.11-doc`, PSF License), one resource per entry
+/// with its question heading removed, each question as the query; recall =
+/// the entry's block is in the message. Build the data first:
+/// `python3 scripts/python_faq_eval.py /tmp/faq-eval`, then
+/// `FAQ_EVAL=/tmp/faq-eval cargo test --test all eval_python_faq -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "needs the evaluation data (scripts/python_faq_eval.py); prints recall"]
+async fn eval_python_faq() {
+    let Ok(data) = std::env::var("FAQ_EVAL") else {
+        panic!("set FAQ_EVAL to the output of scripts/python_faq_eval.py")
+    };
+    let data = Path::new(&data);
+    let questions: Vec<(String, String)> = std::fs::read_to_string(data.join("questions.tsv"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once('\t').map(|(q, f)| (q.to_owned(), f.to_owned())))
+        .collect();
+    let t = tag();
+    // FAQ_CHUNK_TOKENS overrides context.chunk_tokens (default 300), overlap a tenth of it.
+    let chunk: usize = std::env::var("FAQ_CHUNK_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    let yaml = format!(
+        "servers:\n{}context:\n  chunk_tokens: {chunk}\n  chunk_overlap: {}\n",
+        fixture_server("kb", &t, &["--n", "0", "--dir", data.join("kb").to_str().unwrap()]),
+        chunk / 10
+    );
+    println!("chunk_tokens {chunk}");
+    let ctx = McpContext::with_policy(&config(&yaml), Policy::allow_all()).await;
+    println!("{} questions, {} resources", questions.len(), ctx.visible_resources("eval").len());
+    for budget in [2000, 4000, 8000] {
+        for mode in [SelectMode::Priority, SelectMode::Relevance] {
+            let mut hits = 0;
+            for (q, file) in &questions {
+                let r = ContextRequest { select: Some(mode), ..req("eval", budget, q) };
+                let (m, report) = ctx.build(&r).await.unwrap();
+                assert!(report.tokens <= budget);
+                if m.is_some_and(|m| m.content.contains(&format!("<resource id=\"kb:kb://{file}\""))) {
+                    hits += 1;
+                }
+            }
+            println!(
+                "budget {budget:>5}  {mode:<9}  recall {hits}/{} = {:.1}%",
+                questions.len(),
+                100.0 * hits as f64 / questions.len() as f64
+            );
+        }
+    }
+    ctx.close().await;
+}
