@@ -213,3 +213,16 @@ async fn eval_python_faq() {
     }
     ctx.close().await;
 }
+
+#[test]
+fn select_mode_and_chunk_settings_are_parsed_strictly() {
+    let parse =
+        |ctx: &str| mcp_context::Config::from_yaml(&format!("servers: {{}}\ncontext:\n{ctx}"), Path::new("c.yaml"));
+    let c = parse("  select: relevance\n  chunk_tokens: 200\n").unwrap();
+    assert_eq!((c.context.select, c.context.chunk_tokens, c.context.chunk_overlap), (SelectMode::Relevance, 200, 30));
+    assert_eq!(parse("  model: gpt-4o\n").unwrap().context.select, SelectMode::Auto);
+    let e = parse("  select: best\n").unwrap_err().to_string();
+    assert!(e.starts_with("c.yaml:3:11: context.select: unknown variant `best`"), "{e}");
+    let e = parse("  chunk_tokens: 100\n  chunk_overlap: 60\n").unwrap_err().to_string();
+    assert!(e.contains("chunk_overlap must be at most half"), "{e}");
+}
