@@ -106,6 +106,146 @@ struct RawConfig {
     policy: Option<String>,
     #[serde(default)]
     context: Option<ContextSettings>,
+    #[serde(default)]
+    serve: Option<RawServe>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServe {
+    listen: Option<String>,
+    upstream: Option<String>,
+    upstream_api_key: Option<String>,
+    #[serde(default)]
+    forward_authorization: bool,
+    #[serde(default)]
+    keys: Vec<RawKey>,
+    keys_file: Option<String>,
+    user_header: Option<String>,
+    #[serde(default)]
+    user_from_body: bool,
+    anonymous_user: Option<String>,
+    max_body_bytes: Option<usize>,
+    upstream_timeout_ms: Option<u64>,
+    shutdown_grace_ms: Option<u64>,
+    max_concurrent_upstream: Option<usize>,
+}
+
+impl fmt::Debug for RawServe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RawServe { .. }")
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    sha256: String,
+    user: String,
+}
+
+/// Default `serve.listen`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+/// The upstream when neither the config, `--upstream` nor `$OPENAI_BASE_URL` names one.
+pub const DEFAULT_UPSTREAM: &str = "https://api.openai.com/v1";
+/// Default `serve.max_body_bytes` (10 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 10 << 20;
+
+/// One caller key of `serve.keys`: only its SHA-256 digest is stored.
+#[derive(Clone)]
+pub struct KeyDigest {
+    /// SHA-256 of the key.
+    pub sha256: [u8; 32],
+    /// The policy user the key stands for.
+    pub user: String,
+}
+
+impl fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyDigest {{ user: {:?} }}", self.user)
+    }
+}
+
+/// The `serve:` section: how `mcp-context serve` listens, whom it forwards
+/// to, and how it tells callers apart. Read by the `serve` command only; the
+/// library just validates it with the rest of the file.
+#[derive(Clone)]
+pub struct ServeSettings {
+    /// Address to listen on (`--listen` overrides).
+    pub listen: String,
+    /// Upstream base URL, ending before `/chat/completions` (e.g.
+    /// `http://127.0.0.1:11434/v1`); `None`: `$OPENAI_BASE_URL`, else
+    /// [`DEFAULT_UPSTREAM`] (`--upstream` overrides all).
+    pub upstream: Option<String>,
+    /// Sent upstream as `Authorization: Bearer`.
+    pub upstream_api_key: Option<String>,
+    /// Send the caller's own `Authorization` upstream instead.
+    pub forward_authorization: bool,
+    /// Caller keys (from `keys` and `keys_file`).
+    pub keys: Vec<KeyDigest>,
+    /// Header naming the user, set by a trusted gateway in front.
+    pub user_header: Option<String>,
+    /// The body's `user` / `safety_identifier` names the user.
+    pub user_from_body: bool,
+    /// User for requests with no identity; `None`: they get 401.
+    pub anonymous_user: Option<String>,
+    /// Larger request bodies get 413.
+    pub max_body_bytes: usize,
+    /// Longest wait for the upstream's response headers (and between two
+    /// chunks of its body) before 504.
+    pub upstream_timeout: Duration,
+    /// How long in-flight requests may run after SIGTERM / Ctrl-C.
+    pub shutdown_grace: Duration,
+    /// Upstream requests in flight at once; more wait their turn.
+    pub max_concurrent_upstream: usize,
+}
+
+impl Default for ServeSettings {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.into(),
+            upstream: None,
+            upstream_api_key: None,
+            forward_authorization: false,
+            keys: Vec::new(),
+            user_header: None,
+            user_from_body: false,
+            anonymous_user: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            upstream_timeout: Duration::from_millis(600_000),
+            shutdown_grace: Duration::from_millis(10_000),
+            max_concurrent_upstream: 512,
+        }
+    }
+}
+
+impl fmt::Debug for ServeSettings {
+    /// Never prints the upstream key or the key digests.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServeSettings")
+            .field("listen", &self.listen)
+            .field("upstream", &self.upstream.as_deref().map(redact_url))
+            .field("upstream_api_key", &self.upstream_api_key.as_ref().map(|_| "***"))
+            .field("forward_authorization", &self.forward_authorization)
+            .field("keys", &self.keys.len())
+            .field("user_header", &self.user_header)
+            .field("user_from_body", &self.user_from_body)
+            .field("anonymous_user", &self.anonymous_user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parses a 64-digit hex SHA-256 digest.
+fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
 }
 
 #[derive(Deserialize)]
@@ -358,6 +498,8 @@ pub struct Config {
     pub policy: Option<PathBuf>,
     /// The `context:` section.
     pub context: ContextSettings,
+    /// The `serve:` section (defaults when absent).
+    pub serve: ServeSettings,
 }
 
 impl Config {
@@ -397,7 +539,7 @@ impl Config {
             message,
         };
         let raw: RawConfig = if src.trim().is_empty() {
-            RawConfig { servers: OrderedMap::default(), policy: None, context: None }
+            RawConfig { servers: OrderedMap::default(), policy: None, context: None, serve: None }
         } else {
             parse_yaml(src).map_err(|(l, c, m)| err(l, c, m))?
         };
@@ -562,13 +704,148 @@ impl Config {
                 "context.chunk_overlap must be at most half of context.chunk_tokens".into(),
             ));
         }
-        Ok(Config { path: path.to_owned(), servers, policy: raw.policy.map(|p| base.join(p)), context })
+        let serve = match raw.serve {
+            None => ServeSettings::default(),
+            Some(raw) => serve_settings(raw, src, path, &base, env)?,
+        };
+        Ok(Config { path: path.to_owned(), servers, policy: raw.policy.map(|p| base.join(p)), context, serve })
     }
 
     /// The server of that name.
     pub fn server(&self, name: &str) -> Option<&ServerConfig> {
         self.servers.iter().find(|s| s.name == name)
     }
+}
+
+/// Validates the `serve:` section: `${VAR}` in `upstream` and
+/// `upstream_api_key`, exactly one source of upstream credentials, key
+/// digests (and `keys_file`, relative to the config), header names.
+fn serve_settings(
+    raw: RawServe,
+    src: &str,
+    path: &Path,
+    base: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ServeSettings> {
+    let err = |needle: &str, message: String| Error::Config {
+        path: path.to_owned(),
+        line: find_line_after(src, "serve:", needle),
+        column: None,
+        message,
+    };
+    let expand = |key: &str, v: &str| {
+        expand_vars(v, env).map_err(|var| {
+            err(
+                key,
+                format!(
+                    "serve.{key}: environment variable `{var}` is not set; set it or remove `${{{var}}}` from the config"
+                ),
+            )
+        })
+    };
+    let d = ServeSettings::default();
+    let upstream_api_key = raw.upstream_api_key.as_deref().map(|k| expand("upstream_api_key", k)).transpose()?;
+    let upstream = raw.upstream.as_deref().map(|u| expand("upstream", u)).transpose()?;
+    if let Some(u) = &upstream
+        && !(u.starts_with("http://") || u.starts_with("https://"))
+    {
+        return Err(err("upstream", "serve.upstream must start with http:// or https://".into()));
+    }
+    if raw.forward_authorization && upstream_api_key.is_some() {
+        return Err(err(
+            "forward_authorization",
+            "serve: `forward_authorization: true` and `upstream_api_key` both give the upstream credentials; keep one"
+                .into(),
+        ));
+    }
+    let mut keys = Vec::new();
+    for k in &raw.keys {
+        let sha256 = parse_digest(&k.sha256).ok_or_else(|| {
+            err(
+                &k.sha256,
+                format!(
+                    "serve.keys: `{}` is not a SHA-256 hex digest (64 hex digits); \
+                     get one with `mcp-context serve hash-key KEY`",
+                    k.sha256
+                ),
+            )
+        })?;
+        keys.push(KeyDigest { sha256, user: k.user.clone() });
+    }
+    if let Some(file) = &raw.keys_file {
+        let file = base.join(file);
+        let text = std::fs::read_to_string(&file).map_err(|e| Error::Config {
+            path: file.clone(),
+            line: None,
+            column: None,
+            message: format!("cannot read serve.keys_file: {e}"),
+        })?;
+        let list: Vec<RawKey> = if text.trim().is_empty() {
+            Vec::new()
+        } else {
+            parse_yaml(&text).map_err(|(line, column, message)| Error::Config {
+                path: file.clone(),
+                line,
+                column,
+                message: format!("{message} (expected a list of {{ sha256, user }})"),
+            })?
+        };
+        for k in list {
+            let sha256 = parse_digest(&k.sha256).ok_or_else(|| Error::Config {
+                path: file.clone(),
+                line: find_line(&text, &k.sha256),
+                column: None,
+                message: format!("`{}` is not a SHA-256 hex digest (64 hex digits)", k.sha256),
+            })?;
+            keys.push(KeyDigest { sha256, user: k.user });
+        }
+    }
+    if raw.forward_authorization && !keys.is_empty() {
+        return Err(err(
+            "forward_authorization",
+            "serve: with `forward_authorization: true` the caller's Authorization is the upstream's key, so `keys` \
+             cannot identify callers; remove `keys`/`keys_file` or set `forward_authorization: false`"
+                .into(),
+        ));
+    }
+    if let Some(h) = &raw.user_header
+        && (h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)))
+    {
+        return Err(err("user_header", format!("serve.user_header: `{h}` is not an HTTP header name")));
+    }
+    let nonzero = |key: &str, v: Option<u64>, default: u64| match v {
+        Some(0) => Err(err(key, format!("serve.{key} must be at least 1"))),
+        v => Ok(v.unwrap_or(default)),
+    };
+    Ok(ServeSettings {
+        listen: raw.listen.unwrap_or(d.listen),
+        upstream,
+        upstream_api_key,
+        forward_authorization: raw.forward_authorization,
+        keys,
+        user_header: raw.user_header,
+        user_from_body: raw.user_from_body,
+        anonymous_user: raw.anonymous_user,
+        max_body_bytes: nonzero("max_body_bytes", raw.max_body_bytes.map(|v| v as u64), d.max_body_bytes as u64)?
+            as usize,
+        upstream_timeout: Duration::from_millis(nonzero(
+            "upstream_timeout_ms",
+            raw.upstream_timeout_ms,
+            d.upstream_timeout.as_millis() as u64,
+        )?),
+        shutdown_grace: Duration::from_millis(raw.shutdown_grace_ms.unwrap_or(d.shutdown_grace.as_millis() as u64)),
+        max_concurrent_upstream: nonzero(
+            "max_concurrent_upstream",
+            raw.max_concurrent_upstream.map(|v| v as u64),
+            d.max_concurrent_upstream as u64,
+        )? as usize,
+    })
+}
+
+/// 1-based line of the first `needle` after the first `section` line.
+fn find_line_after(src: &str, section: &str, needle: &str) -> Option<usize> {
+    let start = src.lines().position(|l| l.starts_with(section)).unwrap_or(0);
+    src.lines().skip(start).position(|l| l.contains(needle)).map(|i| i + start + 1)
 }
 
 /// The one place YAML is parsed, so the YAML crate can be swapped. Returns
@@ -701,6 +978,56 @@ mod tests {
             assert!(e.contains(needle), "{src:?}: {e}");
             assert!(!e.contains("s3cr3t"));
         }
+    }
+
+    #[test]
+    fn serve_section() {
+        let digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        let c = load(&format!(
+            "servers: {{}}\nserve:\n  listen: 127.0.0.1:1\n  upstream_api_key: ${{TOKEN}}\n  keys:\n    - {{ sha256: \"{digest}\", user: alice }}\n  user_header: X-User\n  anonymous_user: guest\n  max_body_bytes: 100\n"
+        ))
+        .unwrap();
+        assert_eq!(c.serve.listen, "127.0.0.1:1");
+        assert_eq!(c.serve.upstream_api_key.as_deref(), Some("s3cr3t"));
+        assert_eq!(c.serve.keys[0].user, "alice");
+        assert_eq!(c.serve.keys[0].sha256[0], 0x9f);
+        assert_eq!(c.serve.max_body_bytes, 100);
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+        assert_eq!(load("servers: {}\n").unwrap().serve.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    #[test]
+    fn serve_errors_name_file_and_line() {
+        let cases = [
+            ("serve:\n  listen: x\n  upstream_key: y\n", "3:3", "unknown field `upstream_key`"),
+            ("serve:\n  keys:\n    - { sha256: abc, user: a }\n", ":3", "not a SHA-256"),
+            ("serve:\n  upstream_api_key: k\n  forward_authorization: true\n", ":3", "keep one"),
+            ("serve:\n  upstream: ${NOPE}\n", ":2", "`NOPE` is not set"),
+            ("serve:\n  upstream: ftp://x\n", ":2", "http://"),
+            ("serve:\n  user_header: \"a b\"\n", ":2", "not an HTTP header name"),
+            ("serve:\n  max_body_bytes: 0\n", ":2", "at least 1"),
+            ("serve:\n  keys_file: nope.yaml\n", "nope.yaml", "cannot read serve.keys_file"),
+        ];
+        for (src, loc, needle) in cases {
+            let e = load(src).unwrap_err().to_string();
+            assert!(e.starts_with("/etc/mc/"), "{e}");
+            assert!(e.contains(loc), "{src:?}: {e}");
+            assert!(e.contains(needle), "{src:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn keys_file_is_relative_to_the_config_and_strict() {
+        let dir = tempfile::tempdir().unwrap();
+        let digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        std::fs::write(dir.path().join("keys.yaml"), format!("- {{ sha256: {digest}, user: bob }}\n")).unwrap();
+        let cfg = dir.path().join("c.yaml");
+        let c = Config::from_yaml("serve:\n  keys_file: keys.yaml\n", &cfg).unwrap();
+        assert_eq!(c.serve.keys[0].user, "bob");
+        std::fs::write(dir.path().join("keys.yaml"), "- { sha256: x, usr: bob }\n").unwrap();
+        let e = Config::from_yaml("serve:\n  keys_file: keys.yaml\n", &cfg).unwrap_err().to_string();
+        assert!(e.contains("keys.yaml:1:"), "{e}");
+        assert!(e.contains("unknown field `usr`"), "{e}");
     }
 
     #[test]

@@ -109,7 +109,9 @@ pub struct ContextMessage {
 /// shared by every request. Cheap to share behind an `Arc`.
 pub struct McpContext {
     hub: Hub,
-    policy: Arc<Policy>,
+    /// Swapped whole by [`McpContext::set_policy`]; a request takes one
+    /// `Arc` at its start and decides everything under it.
+    policy: std::sync::RwLock<Arc<Policy>>,
     settings: ContextSettings,
     tokens: Arc<TokenCache>,
     cache: ContentCache,
@@ -142,7 +144,7 @@ impl McpContext {
         let cache = ContentCache::new(hub.clone(), config);
         Self {
             hub,
-            policy: Arc::new(policy),
+            policy: std::sync::RwLock::new(Arc::new(policy)),
             settings: config.context.clone(),
             tokens: Arc::default(),
             cache,
@@ -158,9 +160,20 @@ impl McpContext {
         &self.hub
     }
 
-    /// The policy in force.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
+    /// The policy in force (a snapshot: a later [`McpContext::set_policy`]
+    /// does not change the one returned here).
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the policy for every later request (a reload: `serve` calls
+    /// it on SIGHUP with a policy that has already loaded without error, so
+    /// an invalid file never replaces a good one). Requests already running
+    /// finish under the policy they started with.
+    pub fn set_policy(&self, policy: Policy) {
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+        // Remembered selections were decided under the old policy.
+        self.selections.clear();
     }
 
     /// The `context:` settings.
@@ -184,8 +197,10 @@ impl McpContext {
     /// found" in every sense a caller must not tell apart: refused by the
     /// gate, denied by the policy (never read), or absent on the server.
     pub async fn read_for(&self, user: &str, id: &ResourceId) -> Result<Option<(Arc<Resource>, Arc<Contents>)>> {
-        let Ok(admitted) = self.admit(user, id) else { return Ok(None) };
-        if !self.policy.for_user(user).decide(&admitted.resource).allowed {
+        // One policy snapshot for the gate and the decision.
+        let up = self.policy().for_user(user);
+        let Ok(admitted) = admit(&self.hub, &up, id) else { return Ok(None) };
+        if !up.decide(&admitted.resource).allowed {
             return Ok(None);
         }
         match self.cache.read(&admitted.resource.id, user).await {
@@ -203,14 +218,14 @@ impl McpContext {
     /// Listed resources (plus the user's policy includes) that `user` may
     /// see, in listing order. Nothing is read.
     pub fn visible_resources(&self, user: &str) -> Vec<Resource> {
-        let up = self.policy.for_user(user);
+        let up = self.policy().for_user(user);
         self.candidates(&up).0.into_iter().filter(|r| up.decide(r).allowed).map(Arc::unwrap_or_clone).collect()
     }
 
     /// Passes a requested `server:uri` through the gate for `user` (see
     /// [`admit`]); the policy still has to decide on the admitted resource.
     pub fn admit(&self, user: &str, id: &ResourceId) -> std::result::Result<Admitted, Refusal> {
-        admit(&self.hub, &self.policy.for_user(user), id)
+        admit(&self.hub, &self.policy().for_user(user), id)
     }
 
     /// Every listed resource plus the user's policy includes that pass the
@@ -243,7 +258,8 @@ impl McpContext {
     /// [`McpContext::build`] ranking by `query` (relevance mode).
     async fn build_for(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
         let started = Instant::now();
-        let up = self.policy.for_user(&req.user);
+        let policy = self.policy();
+        let up = policy.for_user(&req.user);
         let model = req.model.clone().unwrap_or_else(|| self.settings.model.clone());
         let (tok, warning) = self.tokenizer(&model).await?;
         let ceiling = req.budget.unwrap_or(self.settings.max_tokens);
@@ -263,7 +279,9 @@ impl McpContext {
         // selection the answer depends only on the user and the listings, so
         // it is remembered until a listing changes.
         let selection = match &req.selection {
-            None => self.selections.get_or(&req.user, self.hub.listing_generation(), || self.select(&up, None)),
+            None => {
+                self.selections.get_or(&req.user, self.hub.listing_generation(), &policy, || self.select(&up, None))
+            }
             Some(wanted) => Arc::new(self.select(&up, Some(wanted))),
         };
         report.excluded.extend(selection.excluded.iter().cloned());
@@ -273,7 +291,9 @@ impl McpContext {
 
         // 2. Read what is visible, concurrently (cache first).
         let restarts_before: Vec<u32> = self.hub.status().iter().map(|s| s.restarts).collect();
-        let reads = self.read_within_deadline(selected, &req.user).await;
+        let (reads, hits) = self.read_within_deadline(selected, &req.user).await;
+        report.cache_hits = hits;
+        report.cache_misses = selected.len() - hits;
         for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
             if s.restarts > before {
                 report.restarted_servers.push(s.name);
@@ -390,7 +410,13 @@ impl McpContext {
         let t = tokio::task::spawn_blocking(move || Tokenizer::for_model(&m))
             .await
             .map_err(|e| Error::Other(format!("tokenizer failed to load: {e}")))?;
-        self.tokenizers.lock().unwrap_or_else(|p| p.into_inner()).insert(model.to_owned(), t.clone());
+        let mut tokenizers = self.tokenizers.lock().unwrap_or_else(|p| p.into_inner());
+        // Model names come from callers (a proxy passes the request's own):
+        // keep the map bounded whatever they send.
+        if tokenizers.len() >= TOKENIZER_MEMO_MODELS {
+            tokenizers.clear();
+        }
+        tokenizers.insert(model.to_owned(), t.clone());
         Ok(t)
     }
 
@@ -452,14 +478,16 @@ impl McpContext {
     /// Reads every selected resource through the cache, concurrently, with
     /// one timer for the whole injection (`deadline_ms`): what is not read by
     /// then is a timeout error for that resource; finished reads are kept.
+    /// Also returns how many were answered by the cache up front.
     async fn read_within_deadline(
         &self,
         selected: &[Arc<Resource>],
         user: &str,
-    ) -> Vec<Result<crate::cache::CachedRead>> {
+    ) -> (Vec<Result<crate::cache::CachedRead>>, usize) {
         use futures::StreamExt;
         let mut results: Vec<Option<Result<crate::cache::CachedRead>>> =
             self.cache.hits(selected.iter().map(|r| &r.id), user).into_iter().map(|h| h.map(Ok)).collect();
+        let hits = results.iter().filter(|r| r.is_some()).count();
         // One window of reads per server, twice its in-flight limit: a read
         // future exists only shortly before it can run (1000 futures created
         // at once held ~1 MB for a 1000-resource gather), and a slow server
@@ -494,7 +522,7 @@ impl McpContext {
                 _ = &mut deadline => break,
             }
         }
-        results
+        let results = results
             .into_iter()
             .zip(selected)
             .map(|(r, res)| {
@@ -506,7 +534,8 @@ impl McpContext {
                     })
                 })
             })
-            .collect()
+            .collect();
+        (results, hits)
     }
 
     /// Builds the context and prepends it to `request` (replacing any earlier
@@ -525,6 +554,28 @@ impl McpContext {
         let query = req.query.as_deref().map(Query::text).or_else(|| Query::from_chat(&request));
         let (message, report) = self.build_for(&req, query).await?;
         inject_message(&mut request, message.as_ref().map(|m| m.content.as_str()), self.settings.role);
+        Ok((request, report))
+    }
+
+    /// Builds the context for `user` and puts it into a Responses API
+    /// request's `instructions`, ahead of the caller's own (which are kept,
+    /// after ours; see [`compose_instructions`](crate::compose_instructions)).
+    /// Call it on every request: `instructions` is not carried over by
+    /// `previous_response_id`. Returns the same [`Report`] as
+    /// [`McpContext::inject`].
+    #[cfg(feature = "responses")]
+    pub async fn inject_response(
+        &self,
+        mut request: async_openai::types::responses::CreateResponse,
+        user: &str,
+    ) -> Result<(async_openai::types::responses::CreateResponse, Report)> {
+        let mut req = ContextRequest::for_user(user);
+        req.model = request.model.clone().filter(|m| !m.is_empty());
+        let (message, report) = self.build(&req).await?;
+        request.instructions = crate::inject::compose_instructions(
+            request.instructions.as_deref(),
+            message.as_ref().map(|m| m.content.as_str()),
+        );
         Ok((request, report))
     }
 
@@ -634,20 +685,40 @@ struct Selection {
 }
 
 /// The last selection of each user (at most [`SELECTION_MEMO_USERS`]),
-/// valid while the hub's listing generation is unchanged; a policy never
-/// changes under a running `McpContext`.
+/// valid while the hub's listing generation is unchanged; cleared when the
+/// policy is replaced ([`McpContext::set_policy`]).
 #[derive(Default)]
 struct SelectionMemo {
-    entries: std::sync::Mutex<std::collections::HashMap<String, (u64, Arc<Selection>)>>,
+    entries: std::sync::Mutex<std::collections::HashMap<String, MemoEntry>>,
 }
+
+/// A remembered selection: the listing generation and the policy it was made under.
+type MemoEntry = (u64, Arc<Policy>, Arc<Selection>);
+
+/// Models whose tokenizer is remembered; past this the memo starts over.
+const TOKENIZER_MEMO_MODELS: usize = 32;
 
 /// Users whose selection is remembered; past this the memo starts over.
 const SELECTION_MEMO_USERS: usize = 64;
 
 impl SelectionMemo {
-    fn get_or(&self, user: &str, generation: u64, make: impl FnOnce() -> Selection) -> Arc<Selection> {
-        if let Some((g, sel)) = self.entries.lock().unwrap_or_else(|p| p.into_inner()).get(user)
+    fn clear(&self) {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// The remembered selection, if it was made for this listing generation
+    /// under this very policy (a request racing a reload cannot leave an old
+    /// policy's selection behind).
+    fn get_or(
+        &self,
+        user: &str,
+        generation: u64,
+        policy: &Arc<Policy>,
+        make: impl FnOnce() -> Selection,
+    ) -> Arc<Selection> {
+        if let Some((g, p, sel)) = self.entries.lock().unwrap_or_else(|p| p.into_inner()).get(user)
             && *g == generation
+            && Arc::ptr_eq(p, policy)
         {
             return sel.clone();
         }
@@ -656,7 +727,7 @@ impl SelectionMemo {
         if entries.len() >= SELECTION_MEMO_USERS && !entries.contains_key(user) {
             entries.clear();
         }
-        entries.insert(user.to_owned(), (generation, sel.clone()));
+        entries.insert(user.to_owned(), (generation, policy.clone(), sel.clone()));
         sel
     }
 }

@@ -41,6 +41,78 @@ pub fn inject_message(request: &mut CreateChatCompletionRequest, content: Option
     request.messages.insert(0, message);
 }
 
+/// Whether a JSON chat message is one we injected: role `system` or
+/// `developer` and our [`MESSAGE_NAME`], the same test as
+/// [`is_context_message`] on the typed request.
+pub fn is_context_message_json(m: &serde_json::Value) -> bool {
+    matches!(m.get("role").and_then(|r| r.as_str()), Some("system" | "developer"))
+        && m.get("name").and_then(|n| n.as_str()) == Some(MESSAGE_NAME)
+}
+
+/// [`inject_message`] on a chat-completions body held as generic JSON, for a
+/// proxy that must pass every field it does not know through unchanged.
+/// Only the `messages` array is touched: any message of ours is removed, then
+/// `content` (if any) goes in at index 0. Returns `false`, changing nothing,
+/// when the body has no `messages` array.
+pub fn inject_message_json(body: &mut serde_json::Value, content: Option<&str>, role: MessageRole) -> bool {
+    let Some(messages) = body.get_mut("messages").and_then(|m| m.as_array_mut()) else { return false };
+    messages.retain(|m| !is_context_message_json(m));
+    if let Some(content) = content {
+        let message = serde_json::json!({"role": role.to_string(), "content": content, "name": MESSAGE_NAME});
+        messages.insert(0, message);
+    }
+    true
+}
+
+/// Opens our part of Responses `instructions`.
+pub const INSTRUCTIONS_OPEN: &str = "<mcp_context>\n";
+/// Closes our part of Responses `instructions`; the caller's own follow.
+pub const INSTRUCTIONS_CLOSE: &str = "\n</mcp_context>";
+
+/// The Responses API has no message list to put ours in: the context goes
+/// into `instructions`, ahead of the caller's own, fenced by
+/// [`INSTRUCTIONS_OPEN`] / [`INSTRUCTIONS_CLOSE`] so that injecting again
+/// replaces our part instead of stacking a second copy (idempotent, like the
+/// chat message). `instructions` is not carried over by
+/// `previous_response_id`, so this runs on every request.
+pub fn compose_instructions(existing: Option<&str>, content: Option<&str>) -> Option<String> {
+    let caller = existing.map(strip_context_instructions).filter(|c| !c.is_empty());
+    match (content, caller) {
+        (None, caller) => caller.map(str::to_owned),
+        (Some(ours), None) => Some(format!("{INSTRUCTIONS_OPEN}{ours}{INSTRUCTIONS_CLOSE}")),
+        (Some(ours), Some(caller)) => Some(format!("{INSTRUCTIONS_OPEN}{ours}{INSTRUCTIONS_CLOSE}\n\n{caller}")),
+    }
+}
+
+/// The caller's part of `instructions`: everything after our fenced part, if
+/// the text starts with one.
+fn strip_context_instructions(s: &str) -> &str {
+    match s.strip_prefix(INSTRUCTIONS_OPEN).and_then(|rest| rest.find(INSTRUCTIONS_CLOSE).map(|i| (rest, i))) {
+        Some((rest, i)) => rest[i + INSTRUCTIONS_CLOSE.len()..].trim_start_matches('\n'),
+        None => s,
+    }
+}
+
+/// [`compose_instructions`] on a Responses body held as generic JSON. Only
+/// `instructions` is touched (set, replaced, or removed when it would be
+/// empty). Returns `false`, changing nothing, when the body is not an object.
+pub fn inject_instructions_json(body: &mut serde_json::Value, content: Option<&str>) -> bool {
+    let Some(obj) = body.as_object_mut() else { return false };
+    let existing = obj.get("instructions").and_then(|i| i.as_str());
+    match compose_instructions(existing, content) {
+        Some(text) => {
+            obj.insert("instructions".into(), serde_json::Value::String(text));
+        }
+        // Only our own earlier part is removed; a caller's `null` or empty
+        // string stays exactly as it was.
+        None if existing.is_some_and(|e| e.starts_with(INSTRUCTIONS_OPEN)) => {
+            obj.remove("instructions");
+        }
+        None => {}
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,6 +141,38 @@ mod tests {
         let v = serde_json::to_value(&r.messages).unwrap();
         assert_eq!(v[0], serde_json::json!({"role": "system", "content": "CTX2", "name": "mcp_context"}));
         assert_eq!(v.as_array().unwrap()[1..], original.as_array().unwrap()[..]);
+    }
+
+    #[test]
+    fn json_sibling_matches_the_typed_injection() {
+        let mut typed = request();
+        inject_message(&mut typed, Some("CTX"), MessageRole::Developer);
+        let mut body = serde_json::to_value(request()).unwrap();
+        body["vendor_extension"] = serde_json::json!({"keep": [1, 2]});
+        assert!(inject_message_json(&mut body, Some("old"), MessageRole::Developer));
+        assert!(inject_message_json(&mut body, Some("CTX"), MessageRole::Developer));
+        assert_eq!(body["messages"], serde_json::to_value(&typed.messages).unwrap());
+        assert_eq!(body["vendor_extension"], serde_json::json!({"keep": [1, 2]}));
+        assert!(inject_message_json(&mut body, None, MessageRole::Developer));
+        assert_eq!(body["messages"], serde_json::to_value(request().messages).unwrap());
+        assert!(!inject_message_json(&mut serde_json::json!({"input": "x"}), Some("CTX"), MessageRole::System));
+    }
+
+    #[test]
+    fn instructions_put_ours_first_once_and_keep_the_callers() {
+        let once = compose_instructions(Some("Be brief."), Some("CTX")).unwrap();
+        assert_eq!(once, "<mcp_context>\nCTX\n</mcp_context>\n\nBe brief.");
+        assert_eq!(compose_instructions(Some(&once), Some("CTX2")).unwrap(), once.replace("CTX", "CTX2"));
+        assert_eq!(compose_instructions(Some(&once), None).as_deref(), Some("Be brief."));
+        assert_eq!(compose_instructions(None, Some("C")).as_deref(), Some("<mcp_context>\nC\n</mcp_context>"));
+        assert_eq!(compose_instructions(None, None), None);
+        let mut body = serde_json::json!({"input": "hi", "instructions": null, "x": 1});
+        inject_instructions_json(&mut body, None);
+        assert_eq!(body, serde_json::json!({"input": "hi", "instructions": null, "x": 1}));
+        inject_instructions_json(&mut body, Some("C"));
+        assert_eq!(body["instructions"], "<mcp_context>\nC\n</mcp_context>");
+        inject_instructions_json(&mut body, None);
+        assert_eq!(body, serde_json::json!({"input": "hi", "x": 1}));
     }
 
     #[test]

@@ -61,13 +61,19 @@ mod tools;
 
 pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
-pub use config::{Config, ContextSettings, ENV_ALLOWLIST, MessageRole, ServerConfig, Transport};
+pub use config::{
+    Config, ContextSettings, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_UPSTREAM, ENV_ALLOWLIST, KeyDigest,
+    MessageRole, ServeSettings, ServerConfig, Transport,
+};
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
 pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
 pub use hub::{Hub, HubEvent, ServerFailure, ServerStatus};
 pub use id::ResourceId;
-pub use inject::{MESSAGE_NAME, inject_message, is_context_message};
+pub use inject::{
+    INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
+    inject_message, inject_message_json, is_context_message, is_context_message_json,
+};
 pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use relevance::{
     ChunkIndex, ChunkReport, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, EARLIER_TURN_WEIGHT, EARLIER_TURNS, Query,

@@ -19,6 +19,9 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use mcp_context::{Config, ContextRequest, Hub, McpContext, Policy, ResourceId, Via, render_text};
 
+#[cfg(feature = "serve")]
+mod serve;
+
 /// Give LLM calls the context your MCP servers hold.
 #[derive(Parser)]
 #[command(name = "mcp-context", version, about)]
@@ -78,9 +81,32 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Run an OpenAI-compatible proxy that injects each caller's context.
+    #[cfg(feature = "serve")]
+    Serve {
+        /// Address to listen on (overrides serve.listen).
+        #[arg(long, value_name = "IP:PORT")]
+        listen: Option<String>,
+        /// Upstream base URL, e.g. http://127.0.0.1:11434/v1 (overrides
+        /// serve.upstream, else $OPENAI_BASE_URL, else OpenAI).
+        #[arg(long, value_name = "URL")]
+        upstream: Option<String>,
+        #[command(subcommand)]
+        command: Option<ServeCommand>,
+    },
     /// Run the bundled demo MCP server on stdio.
     #[command(hide = true)]
     DemoServer,
+}
+
+#[cfg(feature = "serve")]
+#[derive(Subcommand)]
+enum ServeCommand {
+    /// Print the SHA-256 digest of a caller key, for serve.keys.
+    HashKey {
+        /// The key; `-` reads it from stdin (keeps it out of shell history).
+        key: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -164,6 +190,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     if let Command::Policy { command: PolicyCommand::Check { path: Some(p) } } = &cli.command {
         return policy_check(p);
+    }
+    #[cfg(feature = "serve")]
+    if let Command::Serve { command: Some(ServeCommand::HashKey { key }), .. } = &cli.command {
+        let key = if key == "-" {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line)?;
+            line.trim_end_matches(['\r', '\n']).to_owned()
+        } else {
+            key.clone()
+        };
+        writeln!(std::io::stdout().lock(), "{}", serve::identity::hash_key(&key))?;
+        return Ok(ExitCode::SUCCESS);
     }
     let config_path = Config::locate(cli.config.as_deref());
     let config = Config::load(&config_path)?;
@@ -275,6 +313,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
             .await
         }
+        #[cfg(feature = "serve")]
+        Command::Serve { listen, upstream, command: None } => {
+            serve::run(config, serve::Options { listen, upstream }).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        #[cfg(feature = "serve")]
+        Command::Serve { command: Some(_), .. } => unreachable!("handled above"),
         Command::DemoServer | Command::Policy { command: PolicyCommand::Check { path: Some(_) } } => {
             unreachable!("handled above")
         }

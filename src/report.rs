@@ -113,6 +113,10 @@ pub struct Report {
     /// (their process had ended); their subscriptions were renewed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub restarted_servers: Vec<String>,
+    /// Visible resources answered from the content cache without a read.
+    pub cache_hits: usize,
+    /// Visible resources that had to be read from their server.
+    pub cache_misses: usize,
     /// Why nothing was injected, when nothing was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

@@ -174,3 +174,40 @@ async fn http_error_from_the_model_endpoint_is_an_error() {
     let _ = json!({});
     ctx.close().await;
 }
+
+/// The Responses API request type: our context into `instructions`, ahead
+/// of the caller's, once however often it is injected, with the same report
+/// as the chat path.
+#[tokio::test]
+async fn responses_requests_get_the_context_ahead_of_the_callers_instructions() {
+    use async_openai::types::responses::CreateResponseArgs;
+    let t = tag();
+    let ctx = demo_context(&t).await;
+    let request = CreateResponseArgs::default()
+        .model("gpt-4o")
+        .input("how do I share a note?")
+        .instructions("Answer in one line.")
+        .previous_response_id("resp_0")
+        .build()
+        .unwrap();
+    let (once, report) = ctx.inject_response(request.clone(), "alice").await.unwrap();
+    let (message, chat_report) = ctx.build(&ContextRequest::for_user("alice")).await.unwrap();
+    let content = message.unwrap().content;
+    assert_eq!(
+        once.instructions.as_deref(),
+        Some(format!("<mcp_context>\n{content}\n</mcp_context>\n\nAnswer in one line.").as_str())
+    );
+    assert_eq!((report.tokens, &report.included), (chat_report.tokens, &chat_report.included));
+    let (twice, _) = ctx.inject_response(once.clone(), "alice").await.unwrap();
+    assert_eq!(twice.instructions, once.instructions, "injecting again replaces ours");
+    let mut expected = serde_json::to_value(&request).unwrap();
+    expected["instructions"] = json!(once.instructions);
+    assert_eq!(serde_json::to_value(&twice).unwrap(), expected, "every other field untouched");
+    // A policy swapped in (as serve's SIGHUP does) applies to the next call:
+    // under an empty one nothing is ours and the caller's instructions stay as they were.
+    ctx.set_policy(Policy::from_yaml("", std::path::Path::new("empty.yaml")).unwrap());
+    let (none, report) = ctx.inject_response(twice, "alice").await.unwrap();
+    assert!(report.included.is_empty());
+    assert_eq!(none.instructions.as_deref(), Some("Answer in one line."));
+    ctx.close().await;
+}

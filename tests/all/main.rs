@@ -17,4 +17,5 @@ mod inject;
 mod policy;
 mod relevance;
 mod security;
+mod serve;
 mod tools;

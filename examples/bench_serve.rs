@@ -1,0 +1,208 @@
+//! The latency `mcp-context serve` adds over calling the same local upstream
+//! directly: p50 and p99 at 1, 16 and 64 concurrent clients, non-streamed
+//! (whole response) and streamed (time to first byte), with 1000 visible
+//! resources cached and a budget of 8000 tokens; throughput at 64 clients;
+//! the proxy's RSS over many requests.
+//!
+//! ```text
+//! cargo build --release --bin mcp-context --example bench_server --example bench_serve
+//! target/release/examples/bench_serve [--requests 2000] [--rss-requests 100000]
+//! ```
+//!
+//! The upstream is an in-process axum server answering at once (a fixed
+//! completion, or three SSE chunks); the proxy is the release binary next to
+//! this example, its MCP server the `bench_server` example (`--n 1000 --size
+//! 2048`). Direct and proxied runs alternate per concurrency level, on the
+//! same keep-alive client, so drift hits both alike.
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use futures::StreamExt;
+use tokio::io::AsyncBufReadExt;
+
+fn flag(args: &[String], name: &str, default: usize) -> usize {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+const COMPLETION: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Hello from the upstream"},"finish_reason":"stop"}]}"#;
+
+async fn upstream(body: axum::body::Bytes) -> axum::response::Response {
+    if memchr_stream(&body) {
+        let chunk = |c: &str| {
+            format!(
+                "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{c}\"}}}}]}}\n\n"
+            )
+        };
+        let sse = format!("{}{}{}data: [DONE]\n\n", chunk("Hel"), chunk("lo"), chunk("!"));
+        return ([("content-type", "text/event-stream")], sse).into_response();
+    }
+    ([("content-type", "application/json")], COMPLETION).into_response()
+}
+
+fn memchr_stream(body: &[u8]) -> bool {
+    body.windows(14).any(|w| w == b"\"stream\":true")
+}
+
+/// One request; the latency to its whole body (or to its first chunk when streamed).
+async fn one(client: &reqwest::Client, url: &str, stream: bool) -> Duration {
+    let body = if stream {
+        r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"What is new?"}]}"#
+    } else {
+        r#"{"model":"gpt-4o","messages":[{"role":"user","content":"What is new?"}]}"#
+    };
+    let started = Instant::now();
+    let resp = client.post(url).header("content-type", "application/json").body(body).send().await.expect("request");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let mut chunks = resp.bytes_stream();
+    let mut first = None;
+    while let Some(c) = chunks.next().await {
+        c.expect("body");
+        first.get_or_insert_with(|| started.elapsed());
+    }
+    if stream { first.expect("a first chunk") } else { started.elapsed() }
+}
+
+/// `total` requests from `concurrency` clients; every latency, and the wall time.
+async fn run(client: &reqwest::Client, url: &str, stream: bool, concurrency: usize, total: usize) -> (Vec<f64>, f64) {
+    let started = Instant::now();
+    let per = total / concurrency;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.to_owned());
+            tokio::spawn(async move {
+                let mut v = Vec::with_capacity(per);
+                for _ in 0..per {
+                    v.push(one(&client, &url, stream).await.as_secs_f64() * 1e3);
+                }
+                v
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(total);
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_by(f64::total_cmp);
+    (all, started.elapsed().as_secs_f64())
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let requests = flag(&args, "--requests", 2000);
+    let rss_requests = flag(&args, "--rss-requests", 100_000);
+    let n = flag(&args, "--n", 1000);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let direct_base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        axum::serve(listener, Router::new().route("/v1/chat/completions", post(upstream))).await.unwrap();
+    });
+
+    let me = std::env::current_exe().unwrap();
+    let server = me.with_file_name("bench_server");
+    let exe = me.parent().unwrap().parent().unwrap().join("mcp-context");
+    let dir = std::env::temp_dir().join(format!("bench-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("c.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "servers:\n  bench:\n    command: {server:?}\n    args: [\"--n\", \"{n}\", \"--size\", \"2048\"]\n    timeout_ms: 60000\n\
+             context:\n  max_tokens: 8000\nserve:\n  anonymous_user: bench\n  max_concurrent_upstream: 1024\n"
+        ),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(&exe)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0", "--upstream", &direct_base])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e} (build it with --release)", exe.display()));
+    let line = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines().next_line().await.unwrap().unwrap();
+    let proxy = line.split("listening on ").nth(1).unwrap().split(',').next().unwrap().to_owned();
+    let pid = child.id().unwrap();
+
+    let client = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
+    let direct = format!("{direct_base}/chat/completions");
+    let via = format!("{proxy}/v1/chat/completions");
+    // Warm: the first injection reads and tokenises all n resources.
+    let warm = Instant::now();
+    let r = client
+        .post(&via)
+        .body(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    let report = r.headers().get("x-mcp-context").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+    r.bytes().await.unwrap();
+    println!("cold first request {:.0} ms; {report}", warm.elapsed().as_secs_f64() * 1e3);
+    for _ in 0..200 {
+        one(&client, &via, false).await;
+        one(&client, &direct, false).await;
+    }
+    let rss_start = rss_kib(pid);
+
+    println!(
+        "\n| clients | mode | direct p50 | proxy p50 | added p50 | direct p99 | proxy p99 | added p99 | proxy req/s |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for concurrency in [1, 16, 64] {
+        for stream in [false, true] {
+            let total = requests.max(concurrency) / concurrency * concurrency;
+            let (d, _) = run(&client, &direct, stream, concurrency, total).await;
+            let (p, wall) = run(&client, &via, stream, concurrency, total).await;
+            println!(
+                "| {concurrency} | {} | {:.3} | {:.3} | **{:.3}** | {:.3} | {:.3} | **{:.3}** | {:.0} |",
+                if stream { "streamed (TTFB)" } else { "whole response" },
+                pct(&d, 0.5),
+                pct(&p, 0.5),
+                pct(&p, 0.5) - pct(&d, 0.5),
+                pct(&d, 0.99),
+                pct(&p, 0.99),
+                pct(&p, 0.99) - pct(&d, 0.99),
+                total as f64 / wall,
+            );
+        }
+    }
+    println!("(ms; added = proxy - direct at the same percentile)");
+
+    if rss_requests > 0 {
+        let mut samples = vec![(0, rss_start)];
+        let step = rss_requests / 5;
+        let started = Instant::now();
+        for i in 1..=5 {
+            run(&client, &via, i % 2 == 0, 64, step).await;
+            samples.push((i * step, rss_kib(pid)));
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let text: Vec<String> =
+            samples.iter().map(|(n, kib)| format!("{n}: {:.1} MiB", *kib as f64 / 1024.0)).collect();
+        println!(
+            "\nproxy RSS over {rss_requests} requests at 64 clients ({:.0} req/s): {}",
+            rss_requests as f64 / secs,
+            text.join(", ")
+        );
+    }
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let _ = tokio::time::timeout(Duration::from_secs(15), child.wait()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,52 @@
+//! Our own errors, in OpenAI's shape (`{"error": {"message", "type",
+//! "param", "code"}}`) so that every OpenAI client shows them as it shows the
+//! API's. Errors the upstream returns are relayed as they are, never rewritten.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+/// An error the proxy itself answers with.
+#[derive(Debug)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// OpenAI's `type`.
+    pub kind: &'static str,
+    /// OpenAI's `code`.
+    pub code: &'static str,
+    /// What happened and what to do.
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: u16, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, kind, code, message: message.into() }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(400, "invalid_request_error", code, message)
+    }
+
+    pub fn unauthorized(code: &'static str, message: &str) -> Self {
+        Self::new(401, "invalid_request_error", code, message)
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            413,
+            "invalid_request_error",
+            "request_too_large",
+            format!("The request body is larger than this proxy accepts (serve.max_body_bytes = {limit} bytes)"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": {"message": self.message, "type": self.kind, "param": null, "code": self.code}
+        });
+        (StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(body))
+            .into_response()
+    }
+}

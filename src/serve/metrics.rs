@@ -1,0 +1,115 @@
+//! Prometheus metrics (`GET /metrics`, text format), kept with the
+//! maintained `prometheus-client` crate: nothing here formats by hand.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use mcp_context::{ExcludeReason, Hub, Report};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Every metric the proxy keeps.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    injection_seconds: Histogram,
+    upstream_seconds: Family<Labels, Histogram>,
+    injected_tokens: Counter,
+    cache_hits: Counter,
+    cache_misses: Counter,
+    read_errors: Family<Labels, Counter>,
+    restarts: Family<Labels, Gauge>,
+    connected: Family<Labels, Gauge>,
+    policy_reloads: Family<Labels, Counter>,
+}
+
+fn latency_buckets() -> Histogram {
+    // 50 µs .. ~3.3 min: injection is sub-millisecond when cached, upstream calls take seconds.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 22))
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("mcp_context");
+        let requests = Family::<Labels, Counter>::default();
+        registry.register("http_requests", "HTTP requests answered, by route and status", requests.clone());
+        let injection_seconds = latency_buckets();
+        registry.register(
+            "injection_duration_seconds",
+            "Time to build and inject the context of one request",
+            injection_seconds.clone(),
+        );
+        let upstream_seconds = Family::<Labels, Histogram>::new_with_constructor(latency_buckets as fn() -> Histogram);
+        registry.register(
+            "upstream_duration_seconds",
+            "Time until the upstream's response headers, by route",
+            upstream_seconds.clone(),
+        );
+        let injected_tokens = Counter::default();
+        registry.register("injected_tokens", "Tokens of context injected", injected_tokens.clone());
+        let cache_hits = Counter::default();
+        registry.register("cache_hits", "Visible resources answered from the content cache", cache_hits.clone());
+        let cache_misses = Counter::default();
+        registry.register("cache_misses", "Visible resources read from their server", cache_misses.clone());
+        let read_errors = Family::<Labels, Counter>::default();
+        registry.register("server_read_errors", "Resource reads that failed, by MCP server", read_errors.clone());
+        let restarts = Family::<Labels, Gauge>::default();
+        registry.register("server_restarts", "Times an MCP server's connection was re-established", restarts.clone());
+        let connected = Family::<Labels, Gauge>::default();
+        registry.register("server_connected", "1 when the MCP server is connected", connected.clone());
+        let policy_reloads = Family::<Labels, Counter>::default();
+        registry.register("policy_reloads", "Policy reloads (SIGHUP), by result", policy_reloads.clone());
+        Self {
+            registry,
+            requests,
+            injection_seconds,
+            upstream_seconds,
+            injected_tokens,
+            cache_hits,
+            cache_misses,
+            read_errors,
+            restarts,
+            connected,
+            policy_reloads,
+        }
+    }
+
+    pub fn request(&self, route: &str, status: u16) {
+        self.requests.get_or_create(&vec![("route", route.to_owned()), ("status", status.to_string())]).inc();
+    }
+
+    pub fn upstream(&self, route: &str, seconds: f64) {
+        self.upstream_seconds.get_or_create(&vec![("route", route.to_owned())]).observe(seconds);
+    }
+
+    pub fn injection(&self, report: &Report, seconds: f64) {
+        self.injection_seconds.observe(seconds);
+        self.injected_tokens.inc_by(report.tokens as u64);
+        self.cache_hits.inc_by(report.cache_hits as u64);
+        self.cache_misses.inc_by(report.cache_misses as u64);
+        for e in report.excluded.iter().filter(|e| e.reason == ExcludeReason::Error) {
+            let server = e.id.split_once(':').map_or(e.id.as_str(), |(s, _)| s);
+            self.read_errors.get_or_create(&vec![("server", server.to_owned())]).inc();
+        }
+    }
+
+    pub fn policy_reload(&self, ok: bool) {
+        self.policy_reloads.get_or_create(&vec![("result", if ok { "ok" } else { "error" }.to_owned())]).inc();
+    }
+
+    /// The text exposition, with the per-server gauges read from the hub now.
+    pub fn render(&self, hub: &Hub) -> String {
+        for s in hub.status() {
+            self.restarts.get_or_create(&vec![("server", s.name.clone())]).set(i64::from(s.restarts));
+            self.connected.get_or_create(&vec![("server", s.name)]).set(i64::from(s.connected));
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

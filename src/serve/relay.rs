@@ -1,0 +1,207 @@
+//! The upstream side: one shared HTTP client, headers in and out, and the
+//! response relayed as a stream. The body is never collected: SSE chunks
+//! reach the caller as the upstream sends them, and when the caller goes
+//! away the response (and so the upstream connection) is dropped, which
+//! cancels the upstream request.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
+use axum::response::Response;
+use futures::StreamExt;
+use mcp_context::ServeSettings;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::error::ApiError;
+use super::identity::bearer;
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and those we set ourselves.
+const NOT_FORWARDED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "authorization",
+    // The relay passes bytes through; asking for identity encoding keeps
+    // SSE frames readable by the caller whatever it advertised to us.
+    "accept-encoding",
+];
+
+/// The upstream: where to send, with which credentials, how many at once.
+pub struct Upstream {
+    pub base: String,
+    client: reqwest::Client,
+    api_key: Option<HeaderValue>,
+    forward_authorization: bool,
+    user_header: Option<HeaderName>,
+    timeout: Duration,
+    permits: Arc<Semaphore>,
+}
+
+/// A request to send upstream.
+pub struct Outgoing {
+    pub method: Method,
+    /// Path below the base, with its query (e.g. `/chat/completions`).
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub body: reqwest::Body,
+}
+
+/// What came back: the response to give the caller, and the time its headers took.
+pub struct Relayed {
+    pub response: Response,
+    pub waited: Duration,
+}
+
+impl Upstream {
+    pub fn new(s: &ServeSettings, base: String) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            // Between two chunks of a body: a stalled upstream ends the relay.
+            .read_timeout(s.upstream_timeout)
+            .connect_timeout(Duration::from_secs(10).min(s.upstream_timeout))
+            .pool_max_idle_per_host(s.max_concurrent_upstream)
+            .build()
+            .map_err(|e| anyhow::anyhow!("cannot build the upstream HTTP client: {e}"))?;
+        let api_key = s
+            .upstream_api_key
+            .as_deref()
+            .map(|k| HeaderValue::from_str(&format!("Bearer {k}")))
+            .transpose()
+            .map_err(|_| anyhow::anyhow!("serve.upstream_api_key holds characters an HTTP header cannot carry"))?
+            .map(|mut v| {
+                v.set_sensitive(true);
+                v
+            });
+        let user_header = s.user_header.as_deref().and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok());
+        Ok(Self {
+            base: base.trim_end_matches('/').to_owned(),
+            client,
+            api_key,
+            forward_authorization: s.forward_authorization,
+            user_header,
+            timeout: s.upstream_timeout,
+            permits: Arc::new(Semaphore::new(s.max_concurrent_upstream)),
+        })
+    }
+
+    /// The caller's headers minus hop-by-hop ones, our identity header and
+    /// its `Authorization`; then the upstream credentials: the configured
+    /// key, or the caller's own `Authorization` (never both: the config
+    /// refuses that).
+    pub fn headers_for_upstream(&self, incoming: &HeaderMap) -> HeaderMap {
+        let mut out = HeaderMap::with_capacity(incoming.len());
+        for (k, v) in incoming {
+            if NOT_FORWARDED.contains(&k.as_str()) || self.user_header.as_ref() == Some(k) {
+                continue;
+            }
+            out.append(k.clone(), v.clone());
+        }
+        if self.forward_authorization {
+            if let Some(v) = incoming.get(header::AUTHORIZATION).filter(|_| bearer(incoming).is_some()) {
+                out.insert(header::AUTHORIZATION, v.clone());
+            }
+        } else if let Some(k) = &self.api_key {
+            out.insert(header::AUTHORIZATION, k.clone());
+        }
+        out
+    }
+
+    /// Sends the request and relays the response (status, headers that
+    /// matter, body as a stream). Waits for a slot when `max_concurrent_upstream`
+    /// requests are in flight; the slot is held until the body is relayed.
+    pub async fn send(&self, out: Outgoing) -> Result<Relayed, ApiError> {
+        let permit = self.permits.clone().acquire_owned().await.map_err(|_| unavailable())?;
+        let url = format!("{}{}", self.base, out.path_and_query);
+        let started = Instant::now();
+        let request = self.client.request(out.method, &url).headers(out.headers).body(out.body);
+        let response = match tokio::time::timeout(self.timeout, request.send()).await {
+            Err(_) => return Err(timeout(self.timeout)),
+            Ok(Err(e)) if e.is_timeout() => return Err(timeout(self.timeout)),
+            Ok(Err(e)) => return Err(unreachable(&self.base, &e)),
+            Ok(Ok(r)) => r,
+        };
+        let waited = started.elapsed();
+        Ok(Relayed { response: relay_response(response, permit), waited })
+    }
+}
+
+/// The upstream's response for the caller, its body streamed through.
+fn relay_response(upstream: reqwest::Response, permit: OwnedSemaphorePermit) -> Response {
+    let status = upstream.status();
+    let mut headers = HeaderMap::with_capacity(upstream.headers().len());
+    for (k, v) in upstream.headers() {
+        if NOT_FORWARDED.contains(&k.as_str()) {
+            continue;
+        }
+        headers.append(k.clone(), v.clone());
+    }
+    let stream = upstream.bytes_stream().map(move |chunk| {
+        // The permit lives as long as the body is being relayed.
+        let _held = &permit;
+        chunk.map_err(|e| std::io::Error::other(describe(&e)))
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+fn timeout(after: Duration) -> ApiError {
+    ApiError::new(
+        504,
+        "upstream_error",
+        "upstream_timeout",
+        format!("The upstream did not answer within {} ms (serve.upstream_timeout_ms)", after.as_millis()),
+    )
+}
+
+fn unavailable() -> ApiError {
+    ApiError::new(503, "server_error", "shutting_down", "The proxy is shutting down")
+}
+
+fn unreachable(base: &str, e: &reqwest::Error) -> ApiError {
+    ApiError::new(
+        502,
+        "upstream_error",
+        "upstream_unreachable",
+        format!("The upstream {} could not be reached: {}", redact(base), describe(e)),
+    )
+}
+
+/// The innermost cause in words (refused, DNS, TLS, reset), without our
+/// dependencies' type names.
+fn describe(e: &reqwest::Error) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    let text = cause.to_string();
+    if e.is_connect() && !text.is_empty() {
+        format!("connection failed ({text})")
+    } else if text.is_empty() {
+        "the connection failed".into()
+    } else {
+        text
+    }
+}
+
+/// The base URL without userinfo or query, for messages.
+pub fn redact(url: &str) -> String {
+    let mut s = url.split(['?', '#']).next().unwrap_or(url).to_owned();
+    if let Some(i) = s.find("://") {
+        let rest = &s[i + 3..];
+        if let Some(at) = rest.find('@').filter(|at| !rest[..*at].contains('/')) {
+            s = format!("{}://***@{}", &s[..i], &rest[at + 1..]);
+        }
+    }
+    s
+}
