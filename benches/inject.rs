@@ -11,6 +11,8 @@ use mcp_context::{
     Annotations, ContentPart, Contents, DEFAULT_PREAMBLE, MessageRole, Resource, ResourceId, TokenCache, Tokenizer,
     compose, inject_message,
 };
+use mcp_context::{ChunkIndex, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, Query, compose_by_relevance};
+use std::sync::Arc;
 
 fn text(i: usize, size: usize) -> String {
     let words = ["context", "server", "resource", "the", "model", "token", "budget", "policy", "user", "reads"];
@@ -79,5 +81,43 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// Relevance mode (issue 15): 1000 cached resources of 2 KB, budget 4000.
+/// Warm: chunks and weights already indexed, a new question ranked and
+/// packed. Cold: chunking and indexing from scratch, against tokenising the
+/// same content once.
+fn relevance(c: &mut Criterion) {
+    let (tok, _) = Tokenizer::for_model("gpt-4o");
+    let cache = TokenCache::new();
+    let items: Vec<(Resource, Arc<Contents>)> = workload(1000).into_iter().map(|(r, c)| (r, Arc::new(c))).collect();
+    let refs: Vec<(&Resource, &Arc<Contents>)> = items.iter().map(|(r, c)| (r, c)).collect();
+    let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP);
+    let query = Query::text("which policy budget does the model use for user reads");
+    let first = compose_by_relevance(&tok, &cache, &index, DEFAULT_PREAMBLE, 4000, &refs, Some(&query));
+    assert!(first.tokens <= 4000 && !first.included.is_empty());
+    c.bench_function("relevance: rank+pack 1000x2KB, budget 4000 (warm index)", |b| {
+        b.iter(|| compose_by_relevance(&tok, &cache, &index, DEFAULT_PREAMBLE, black_box(4000), &refs, Some(&query)))
+    });
+    let mut group = c.benchmark_group("cold 100x2KB");
+    group.sample_size(10);
+    let few = &refs[..100];
+    group.bench_function("chunk+index", |b| {
+        b.iter(|| {
+            let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP);
+            compose_by_relevance(&tok, &cache, &index, DEFAULT_PREAMBLE, black_box(4000), few, Some(&query))
+        })
+    });
+    group.bench_function("tokenise once", |b| {
+        b.iter(|| {
+            few.iter()
+                .map(|(_, c)| match &c.parts[0] {
+                    ContentPart::Text { text, .. } => tok.count(black_box(text)),
+                    _ => 0,
+                })
+                .sum::<usize>()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, relevance);
 criterion_main!(benches);

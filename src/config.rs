@@ -21,6 +21,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::id::validate_server_name;
+pub use crate::relevance::SelectMode;
 
 /// Default per-request timeout.
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
@@ -328,6 +329,17 @@ pub struct ContextSettings {
     /// never holds up the LLM call beyond this.
     #[serde(default = "default_deadline_ms")]
     pub deadline_ms: u64,
+    /// How resources are chosen when they do not all fit: `auto` (the
+    /// default), `priority` or `relevance` (see [`SelectMode`]).
+    #[serde(default)]
+    pub select: SelectMode,
+    /// Chunk size for relevance mode, in tokens of the model's encoding.
+    #[serde(default = "default_chunk_tokens")]
+    pub chunk_tokens: usize,
+    /// Tokens two neighbouring chunks share, so a passage cut at a chunk
+    /// edge is still whole in one of them.
+    #[serde(default = "default_chunk_overlap")]
+    pub chunk_overlap: usize,
 }
 
 fn default_model() -> String {
@@ -345,6 +357,12 @@ fn default_tool_max_tokens() -> usize {
 fn default_deadline_ms() -> u64 {
     15_000
 }
+fn default_chunk_tokens() -> usize {
+    crate::relevance::DEFAULT_CHUNK_TOKENS
+}
+fn default_chunk_overlap() -> usize {
+    crate::relevance::DEFAULT_CHUNK_OVERLAP
+}
 
 impl Default for ContextSettings {
     fn default() -> Self {
@@ -356,6 +374,9 @@ impl Default for ContextSettings {
             max_resource_bytes: DEFAULT_MAX_RESOURCE_BYTES,
             tool_result_max_tokens: default_tool_max_tokens(),
             deadline_ms: default_deadline_ms(),
+            select: SelectMode::default(),
+            chunk_tokens: default_chunk_tokens(),
+            chunk_overlap: default_chunk_overlap(),
         }
     }
 }
@@ -672,6 +693,16 @@ impl Config {
         let context = raw.context.unwrap_or_default();
         if context.max_tokens == 0 {
             return Err(err(line_of("max_tokens"), None, "context.max_tokens must be at least 1".into()));
+        }
+        if context.chunk_tokens < 16 {
+            return Err(err(line_of("chunk_tokens"), None, "context.chunk_tokens must be at least 16".into()));
+        }
+        if context.chunk_overlap * 2 > context.chunk_tokens {
+            return Err(err(
+                line_of("chunk_overlap"),
+                None,
+                "context.chunk_overlap must be at most half of context.chunk_tokens".into(),
+            ));
         }
         let serve = match raw.serve {
             None => ServeSettings::default(),

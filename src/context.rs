@@ -24,6 +24,7 @@ use crate::hub::Hub;
 use crate::id::ResourceId;
 use crate::inject::inject_message;
 use crate::policy::{DecisionKey, Policy, UserPolicy};
+use crate::relevance::{Candidate, ChunkIndex, Query, SelectMode, compose_with_mode};
 use crate::render::DEFAULT_PREAMBLE;
 use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
 use crate::resource::{Contents, Resource};
@@ -51,6 +52,11 @@ pub struct ContextRequest {
     pub budget: Option<usize>,
     /// Count with this model's tokenizer instead of the configured one.
     pub model: Option<String>,
+    /// What the conversation asks, for relevance mode. `None` takes it from
+    /// the chat request ([`Query::from_chat`]) when there is one.
+    pub query: Option<String>,
+    /// Override `context.select` for this request.
+    pub select: Option<SelectMode>,
 }
 
 impl ContextRequest {
@@ -111,6 +117,7 @@ pub struct McpContext {
     cache: ContentCache,
     compositions: Arc<CompositionMemo>,
     selections: SelectionMemo,
+    chunks: Arc<ChunkIndex>,
     tokenizers: std::sync::Mutex<std::collections::HashMap<String, (Tokenizer, Option<String>)>>,
 }
 
@@ -146,6 +153,7 @@ impl McpContext {
             cache,
             compositions: Arc::default(),
             selections: SelectionMemo::default(),
+            chunks: Arc::new(ChunkIndex::new(config.context.chunk_tokens, config.context.chunk_overlap)),
             tokenizers: std::sync::Mutex::default(),
         }
     }
@@ -247,6 +255,11 @@ impl McpContext {
     /// Builds the context message for a request. `Ok((None, report))` when
     /// nothing is to be injected (the report says why).
     pub async fn build(&self, req: &ContextRequest) -> Result<(Option<ContextMessage>, Report)> {
+        self.build_for(req, req.query.as_deref().map(Query::text)).await
+    }
+
+    /// [`McpContext::build`] ranking by `query` (relevance mode).
+    async fn build_for(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
         let started = Instant::now();
         let policy = self.policy();
         let up = policy.for_user(&req.user);
@@ -311,8 +324,17 @@ impl McpContext {
 
         // 3. Render and fit the budget, off the async runtime (tokenising can be slow).
         let preamble = self.settings.preamble.as_deref().unwrap_or(DEFAULT_PREAMBLE);
-        let inputs =
-            CompositionInputs { encoding: tok.encoding(), preamble, budget, selection: &selection, ready: &ready };
+        let mode = req.select.unwrap_or(self.settings.select);
+        let query_key = query.as_ref().map(Query::key);
+        let inputs = CompositionInputs {
+            encoding: tok.encoding(),
+            preamble,
+            budget,
+            mode,
+            query: query_key.as_deref(),
+            selection: &selection,
+            ready: &ready,
+        };
         let packed = match self.compositions.find(&inputs) {
             Some(hit) => hit,
             None => {
@@ -320,12 +342,27 @@ impl McpContext {
                 let cache = self.tokens.clone();
                 let compositions = self.compositions.clone();
                 let selection = selection.clone();
+                let index = self.chunks.clone();
+                let forced = req.selection.is_some();
                 tokio::task::spawn_blocking(move || {
-                    let items: Vec<(&Resource, &Contents)> =
-                        ready.iter().map(|(i, c)| (&*selection.resources[*i], &**c)).collect();
-                    let composed = Arc::new(Composed::from(compose(&tok, &cache, &preamble, budget, &items)));
+                    let items: Vec<Candidate<'_>> = ready
+                        .iter()
+                        .map(|(i, c)| Candidate { resource: &selection.resources[*i], contents: c, forced })
+                        .collect();
+                    let c = compose_with_mode(&tok, &cache, &index, &preamble, budget, &items, mode, query.as_ref());
+                    let composed =
+                        Arc::new(Composed { mode: c.mode, warnings: c.warnings, ..Composed::from(c.composition) });
+                    drop(items);
                     compositions.put(
-                        CompositionKey { encoding: tok.encoding(), preamble, budget, selection, ready },
+                        CompositionKey {
+                            encoding: tok.encoding(),
+                            preamble,
+                            budget,
+                            mode,
+                            query: query_key,
+                            selection,
+                            ready,
+                        },
                         composed.clone(),
                     );
                     composed
@@ -335,6 +372,8 @@ impl McpContext {
             }
         };
         report.excluded.extend(packed.dropped.iter().cloned());
+        report.mode = any_read.then_some(packed.mode);
+        report.warnings.extend(packed.warnings.iter().cloned());
         report.included = packed.included.clone();
         for i in &mut report.included {
             i.stale = stale.contains(&i.id);
@@ -515,7 +554,8 @@ impl McpContext {
         if req.model.is_none() && !request.model.is_empty() {
             req.model = Some(request.model.clone());
         }
-        let (message, report) = self.build(&req).await?;
+        let query = req.query.as_deref().map(Query::text).or_else(|| Query::from_chat(&request));
+        let (message, report) = self.build_for(&req, query).await?;
         inject_message(&mut request, message.as_ref().map(|m| m.content.as_str()), self.settings.role);
         Ok((request, report))
     }
@@ -585,7 +625,13 @@ pub fn compose(
         included: packed
             .included
             .into_iter()
-            .map(|i| Included { id: i.id.to_string(), tokens: i.tokens, truncated: i.truncated, stale: false })
+            .map(|i| Included {
+                id: i.id.to_string(),
+                tokens: i.tokens,
+                truncated: i.truncated,
+                stale: false,
+                chunks: None,
+            })
             .collect(),
         dropped: packed
             .dropped
@@ -616,11 +662,21 @@ struct Composed {
     tokens: usize,
     included: Vec<Included>,
     dropped: Vec<Excluded>,
+    /// The mode that ran (`auto` resolved).
+    mode: SelectMode,
+    warnings: Vec<String>,
 }
 
 impl From<Composition> for Composed {
     fn from(c: Composition) -> Self {
-        Self { content: c.content.map(Arc::new), tokens: c.tokens, included: c.included, dropped: c.dropped }
+        Self {
+            content: c.content.map(Arc::new),
+            tokens: c.tokens,
+            included: c.included,
+            dropped: c.dropped,
+            mode: SelectMode::Priority,
+            warnings: Vec::new(),
+        }
     }
 }
 
@@ -686,6 +742,9 @@ struct CompositionKey {
     encoding: &'static str,
     preamble: String,
     budget: usize,
+    mode: SelectMode,
+    /// [`Query::key`] of the query, if any.
+    query: Option<String>,
     selection: Arc<Selection>,
     /// Index into `selection.resources`, and what was read for it.
     ready: Vec<(usize, Arc<Contents>)>,
@@ -697,6 +756,8 @@ struct CompositionInputs<'a> {
     encoding: &'a str,
     preamble: &'a str,
     budget: usize,
+    mode: SelectMode,
+    query: Option<&'a str>,
     selection: &'a Arc<Selection>,
     ready: &'a [(usize, Arc<Contents>)],
 }
@@ -707,6 +768,8 @@ impl CompositionKey {
             encoding: self.encoding,
             preamble: &self.preamble,
             budget: self.budget,
+            mode: self.mode,
+            query: self.query.as_deref(),
             selection: &self.selection,
             ready: &self.ready,
         }
@@ -719,6 +782,9 @@ impl CompositionKey {
         let same_listing = Arc::ptr_eq(&self.selection, other.selection);
         self.encoding == other.encoding
             && self.budget == other.budget
+            && self.mode == other.mode
+            // Priority mode ignores the query: a new question hits the memo.
+            && (self.mode == SelectMode::Priority || self.query.as_deref() == other.query)
             && self.preamble == other.preamble
             && self.ready.len() == other.ready.len()
             && self.ready.iter().zip(other.ready).all(|((ia, ca), (ib, cb))| {

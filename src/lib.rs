@@ -53,6 +53,7 @@ mod inject;
 mod large;
 mod pipe;
 mod policy;
+mod relevance;
 mod render;
 mod report;
 mod resource;
@@ -74,6 +75,10 @@ pub use inject::{
     inject_message, inject_message_json, is_context_message, is_context_message_json,
 };
 pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
+pub use relevance::{
+    ChunkIndex, ChunkReport, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, EARLIER_TURN_WEIGHT, EARLIER_TURNS, Query,
+    SelectMode, compose_by_relevance,
+};
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 pub use report::{ExcludeReason, Excluded, Included, Report, Timings};
 pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};

@@ -66,6 +66,12 @@ enum Command {
         /// Only these resources (SERVER:URI), like @-mentions.
         #[arg(long = "select", value_name = "SERVER:URI")]
         select: Vec<String>,
+        /// The question to rank passages by (relevance mode).
+        #[arg(long, value_name = "TEXT")]
+        query: Option<String>,
+        /// How to choose resources: auto, priority or relevance (overrides context.select).
+        #[arg(long, value_name = "MODE")]
+        mode: Option<mcp_context::SelectMode>,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -216,7 +222,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
             .await
         }
-        Command::Preview { user, budget, model, select, json } => {
+        Command::Preview { user, budget, model, select, query, mode, json } => {
             let selection = if select.is_empty() {
                 None
             } else {
@@ -233,7 +239,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let servers = config.servers.len();
             let result = interruptible(&ctx, async {
-                let req = ContextRequest { user: user.clone(), selection, budget, model };
+                let req = ContextRequest { user: user.clone(), selection, budget, model, query, select: mode };
                 let (message, report) = ctx.build(&req).await?;
                 let mut out = std::io::stdout().lock();
                 if json {

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::config::MessageRole;
 use crate::hub::ServerFailure;
+use crate::relevance::{ChunkReport, SelectMode};
 
 /// Why a resource is not in the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -52,6 +53,10 @@ pub struct Included {
     /// Served from the cache after a failed re-read (`serve_stale`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub stale: bool,
+    /// The chunks it shows, when relevance mode chose passages of it;
+    /// absent when it went in whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<Vec<ChunkReport>>,
 }
 
 /// A resource left out.
@@ -90,6 +95,10 @@ pub struct Report {
     pub encoding: String,
     /// Role of the injected message.
     pub role: Option<MessageRole>,
+    /// How resources were chosen: `priority` or `relevance` (what `auto`
+    /// resolved to); absent when nothing was composed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<SelectMode>,
     /// The budget applied (after the user's policy and the ceiling).
     pub budget: usize,
     /// Exact token count of the message content (0 when nothing is injected).
@@ -157,8 +166,14 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "user {}  model {} ({})  tokens {}/{}  in {:.1} ms",
-            self.user, self.model, self.encoding, self.tokens, self.budget, self.timings.total_ms
+            "user {}  model {} ({})  tokens {}/{}  in {:.1} ms{}",
+            self.user,
+            self.model,
+            self.encoding,
+            self.tokens,
+            self.budget,
+            self.timings.total_ms,
+            self.mode.map(|m| format!("  mode {m}")).unwrap_or_default()
         )?;
         let width = self
             .included
@@ -170,8 +185,23 @@ impl fmt::Display for Report {
             .max(2);
         writeln!(f, "  {:<10} {:<width$} {:>7}  detail", "status", "id", "tokens")?;
         for i in &self.included {
-            let status = if i.truncated { "truncated" } else { "included" };
-            let detail = if i.stale { "stale (last good content)" } else { "" };
+            let status = if i.truncated {
+                "truncated"
+            } else if i.chunks.is_some() {
+                "passages"
+            } else {
+                "included"
+            };
+            let mut detail = if i.stale { "stale (last good content)".to_owned() } else { String::new() };
+            if let Some(chunks) = &i.chunks {
+                let count = chunks.first().map_or(0, |c| c.count);
+                let list: Vec<String> = chunks
+                    .iter()
+                    .map(|c| format!("#{} ({} tokens, score {:.2})", c.index, c.tokens, c.score))
+                    .collect();
+                detail = format!("chunks of {count}: {}{}", list.join(", "), if detail.is_empty() { "" } else { "; " })
+                    + &detail;
+            }
             writeln!(f, "  {status:<10} {:<width$} {:>7}  {detail}", i.id, i.tokens)?;
         }
         for e in &self.excluded {

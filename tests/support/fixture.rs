@@ -59,6 +59,19 @@ pub struct Options {
     /// looked up. The read log records the resolved URI. Templates
     /// `file:///{+path}` and `acc://users/{id}`.
     pub fs: bool,
+    /// Serve each file of this directory as `kb://FILE NAME` (`text/markdown`
+    /// for `.md`, else `text/plain`), read from disk on every read: a
+    /// knowledge base of real text for the relevance tests and evaluation.
+    pub dir: Option<String>,
+}
+
+/// The files of a `--dir` directory, sorted by name.
+fn dir_files(dir: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
 }
 
 /// What the `--fs` server serves, by resolved URI.
@@ -170,6 +183,12 @@ impl Fixture {
         }
         if self.opts.list_hang && !self.opts.specials {
             v.push((format!("{p}fx://hang"), Some("text/plain")));
+        }
+        if let Some(dir) = &self.opts.dir {
+            v.extend(dir_files(dir).into_iter().map(|f| {
+                let mime = if f.ends_with(".md") { "text/markdown" } else { "text/plain" };
+                (format!("kb://{f}"), Some(mime))
+            }));
         }
         if self.opts.fs {
             v.extend(FS_FILES.iter().map(|(u, _)| (u.to_string(), Some("text/plain"))));
@@ -360,6 +379,15 @@ impl ServerHandler for Fixture {
                 self.record(&resolved);
                 return Ok(ReadResourceResult::new(vec![ResourceContents::text(text, uri.as_str())]).into());
             }
+        }
+        if let (Some(dir), Some(name)) = (&self.opts.dir, uri.strip_prefix("kb://")) {
+            if name.contains('/') || !dir_files(dir).iter().any(|f| f == name) {
+                return Err(not_found(&uri));
+            }
+            self.record(&uri);
+            let text = std::fs::read_to_string(std::path::Path::new(dir).join(name))
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+            return Ok(ReadResourceResult::new(vec![ResourceContents::text(text, uri.as_str())]).into());
         }
         self.record(&uri);
         let local = uri.strip_prefix(self.opts.prefix.as_str()).unwrap_or(&uri).to_owned();

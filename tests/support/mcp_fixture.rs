@@ -81,6 +81,7 @@ fn main() {
         list_hang: flag("--hang"),
         hang_list: flag("--hang-list"),
         fs: flag("--fs"),
+        dir: val("--dir"),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
