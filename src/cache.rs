@@ -28,6 +28,17 @@ use crate::hub::{Hub, HubEvent};
 use crate::id::ResourceId;
 use crate::resource::Contents;
 
+/// The warm answers for a set of ids, and what they stay valid under.
+pub(crate) struct Hits {
+    /// `None` where a read is needed.
+    pub reads: Vec<Option<CachedRead>>,
+    /// The cache's version when they were looked up ([`ContentCache::version`]).
+    pub version: u64,
+    /// The earliest expiry among the hits (those without one live by their
+    /// server's connection; see [`ContentCache::hits`]).
+    pub expires: Option<Instant>,
+}
+
 /// What a read through the cache returns.
 #[derive(Debug, Clone)]
 pub(crate) struct CachedRead {
@@ -73,6 +84,10 @@ type Flight = Shared<BoxFuture<'static, std::result::Result<Arc<Contents>, Arc<E
 #[derive(Default)]
 struct State {
     entries: HashMap<ResourceId, Slot>,
+    /// Bumped on every change to `entries` (a store, an invalidation, a
+    /// prune): what was built from a set of hits is still right while this
+    /// is unchanged and none of those hits has expired (see [`Hits`]).
+    version: u64,
     /// Bumped on every invalidation of an id; a read only stores its result
     /// if the generation it started with is still current.
     generation: HashMap<ResourceId, u64>,
@@ -139,6 +154,7 @@ impl ContentCache {
                             }
                         }
                         s.entries.retain(|_, slot| !slot.is_empty());
+                        s.version += 1;
                         s.subscribed.retain(|id, e| id.server != server || *e == epoch);
                     }
                     HubEvent::ListChanged { server } => {
@@ -167,19 +183,36 @@ impl ContentCache {
     }
 
     /// The fresh cached answers for these ids, under one lock and without
-    /// awaiting: the warm path of a request. `None` where a read is needed.
-    pub fn hits<'a>(&self, ids: impl Iterator<Item = &'a ResourceId>, user: &str) -> Vec<Option<CachedRead>> {
+    /// awaiting: the warm path of a request. The same lookup gives the same
+    /// answers while [`ContentCache::version`] is unchanged, `expires` has
+    /// not passed, and the connection epoch of each server whose entries
+    /// live by their subscription is unchanged (read it before calling).
+    pub fn hits<'a>(&self, ids: impl Iterator<Item = &'a ResourceId>, user: &str) -> Hits {
         let now = Instant::now();
         let s = lock(&self.state);
-        ids.map(|id| {
-            let (enabled, _, _) = self.settings.get(&id.server).copied()?;
-            if !enabled {
-                return None;
-            }
-            let e = s.entries.get(id)?.for_user(user)?;
-            self.fresh(e, &id.server, now).then(|| CachedRead { contents: e.contents.clone(), stale: false })
-        })
-        .collect()
+        let mut expires: Option<Instant> = None;
+        let reads = ids
+            .map(|id| {
+                let (enabled, _, _) = self.settings.get(&id.server).copied()?;
+                if !enabled {
+                    return None;
+                }
+                let e = s.entries.get(id)?.for_user(user)?;
+                if !self.fresh(e, &id.server, now) {
+                    return None;
+                }
+                if let Some(t) = e.expires {
+                    expires = Some(expires.map_or(t, |x| x.min(t)));
+                }
+                Some(CachedRead { contents: e.contents.clone(), stale: false })
+            })
+            .collect();
+        Hits { reads, version: s.version, expires }
+    }
+
+    /// Changes whenever an entry is stored, dropped or expires by an event.
+    pub fn version(&self) -> u64 {
+        lock(&self.state).version
     }
 
     /// Reads one resource through the cache.
@@ -251,6 +284,7 @@ impl ContentCache {
             if cacheable {
                 let life = hint_ttl.or(if subscribed_now || subscribe { None } else { Some(ttl) });
                 let entry = Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l), epoch };
+                s.version += 1;
                 let slot = s.entries.entry(id.clone()).or_default();
                 if contents.private {
                     slot.private.get_or_insert_default().insert(user, entry);
@@ -281,10 +315,12 @@ impl ContentCache {
 
 fn invalidate(s: &mut State, id: &ResourceId) {
     s.entries.remove(id);
+    s.version += 1;
     *s.generation.entry(id.clone()).or_default() += 1;
 }
 
 fn bump_all(s: &mut State) {
+    s.version += 1;
     for g in s.generation.values_mut() {
         *g += 1;
     }

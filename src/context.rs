@@ -117,6 +117,7 @@ pub struct McpContext {
     cache: ContentCache,
     compositions: Arc<CompositionMemo>,
     selections: SelectionMemo,
+    warm: WarmMemo,
     chunks: Arc<ChunkIndex>,
     tokenizers: std::sync::Mutex<std::collections::HashMap<String, (Tokenizer, Option<String>)>>,
 }
@@ -153,6 +154,7 @@ impl McpContext {
             cache,
             compositions: Arc::default(),
             selections: SelectionMemo::default(),
+            warm: WarmMemo::default(),
             chunks: Arc::new(ChunkIndex::new(config.context.chunk_tokens, config.context.chunk_overlap)),
             tokenizers: std::sync::Mutex::default(),
         }
@@ -177,6 +179,7 @@ impl McpContext {
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
         // Remembered selections were decided under the old policy.
         self.selections.clear();
+        self.warm.clear();
     }
 
     /// The `context:` settings.
@@ -262,8 +265,30 @@ impl McpContext {
     async fn build_for(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
         let started = Instant::now();
         let policy = self.policy();
+        let model = req.model.as_deref().unwrap_or(&self.settings.model);
+        let query_key = query.as_ref().map(Query::key);
+        // The warm path: nothing this request depends on has changed since
+        // the same request last ran (see `WarmMemo`).
+        let warm_key = req.selection.is_none().then(|| WarmKey {
+            user: req.user.clone(),
+            model: model.to_owned(),
+            budget: req.budget,
+            select: req.select,
+            query: query_key.clone(),
+        });
+        let listing_generation = self.hub.listing_generation();
+        if let Some(key) = &warm_key
+            && let Some((message, mut report)) =
+                self.warm.get(key, &policy, listing_generation, self.cache.version(), &self.hub)
+        {
+            report.failed_servers = self.hub.failures();
+            let total = ms(started.elapsed());
+            report.timings = Timings { select_ms: 0.0, read_ms: 0.0, pack_ms: 0.0, total_ms: total };
+            report.trace();
+            return Ok((message, report));
+        }
         let up = policy.for_user(&req.user);
-        let model = req.model.clone().unwrap_or_else(|| self.settings.model.clone());
+        let model = model.to_owned();
         let (tok, warning) = self.tokenizer(&model).await?;
         let ceiling = req.budget.unwrap_or(self.settings.max_tokens);
         let budget = up.max_tokens().map_or(ceiling, |b| b.min(ceiling));
@@ -282,19 +307,19 @@ impl McpContext {
         // selection the answer depends only on the user and the listings, so
         // it is remembered until a listing changes.
         let selection = match &req.selection {
-            None => self
-                .selections
-                .get_or(up.decision_key(), self.hub.listing_generation(), &policy, || self.select(&up, None)),
+            None => self.selections.get_or(up.decision_key(), listing_generation, &policy, || self.select(&up, None)),
             Some(wanted) => Arc::new(self.select(&up, Some(wanted))),
         };
-        report.excluded.extend(selection.excluded.iter().cloned());
+        Arc::make_mut(&mut report.excluded).extend(selection.excluded.iter().cloned());
         let selected = &selection.resources;
         let t_select = started.elapsed();
         let any_selected = !selected.is_empty();
 
         // 2. Read what is visible, concurrently (cache first).
         let restarts_before: Vec<u32> = self.hub.status().iter().map(|s| s.restarts).collect();
-        let (reads, hits) = self.read_within_deadline(selected, &req.user).await;
+        // Before the lookup: a reconnection after it must void what is built here.
+        let connections = Connections::of(&self.hub, selected);
+        let (reads, hits, stamp) = self.read_within_deadline(selected, &req.user).await;
         report.cache_hits = hits;
         report.cache_misses = selected.len() - hits;
         for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
@@ -313,7 +338,7 @@ impl McpContext {
                     }
                     ready.push((i, c.contents));
                 }
-                Err(e) => report.excluded.push(Excluded {
+                Err(e) => Arc::make_mut(&mut report.excluded).push(Excluded {
                     id: r.id.to_string(),
                     reason: ExcludeReason::Error,
                     detail: Some(e.to_string()),
@@ -325,7 +350,7 @@ impl McpContext {
         // 3. Render and fit the budget, off the async runtime (tokenising can be slow).
         let preamble = self.settings.preamble.as_deref().unwrap_or(DEFAULT_PREAMBLE);
         let mode = req.select.unwrap_or(self.settings.select);
-        let query_key = query.as_ref().map(Query::key);
+        let all_warm = hits == selected.len() && stale.is_empty();
         let inputs = CompositionInputs {
             encoding: tok.encoding(),
             preamble,
@@ -371,7 +396,7 @@ impl McpContext {
                 .map_err(|e| Error::Other(format!("packing failed: {e}")))?
             }
         };
-        report.excluded.extend(packed.dropped.iter().cloned());
+        Arc::make_mut(&mut report.excluded).extend(packed.dropped.iter().cloned());
         report.mode = any_read.then_some(packed.mode);
         report.warnings.extend(packed.warnings.iter().cloned());
         report.included = packed.included.clone();
@@ -401,6 +426,24 @@ impl McpContext {
             total_ms: ms(total),
         };
         report.trace();
+        // Everything came from the cache: the same request gives the same
+        // answer until the cache, the listings, the policy or a connection
+        // changes, or one of these entries expires.
+        if let Some(key) = warm_key
+            && all_warm
+        {
+            self.warm.put(
+                key,
+                WarmEntry {
+                    policy,
+                    listing_generation,
+                    stamp,
+                    connections,
+                    message: message.clone(),
+                    report: report.clone(),
+                },
+            );
+        }
         Ok((message, report))
     }
 
@@ -486,10 +529,12 @@ impl McpContext {
         &self,
         selected: &[Arc<Resource>],
         user: &str,
-    ) -> (Vec<Result<crate::cache::CachedRead>>, usize) {
+    ) -> (Vec<Result<crate::cache::CachedRead>>, usize, CacheStamp) {
         use futures::StreamExt;
+        let hits = self.cache.hits(selected.iter().map(|r| &r.id), user);
+        let stamp = CacheStamp { version: hits.version, expires: hits.expires };
         let mut results: Vec<Option<Result<crate::cache::CachedRead>>> =
-            self.cache.hits(selected.iter().map(|r| &r.id), user).into_iter().map(|h| h.map(Ok)).collect();
+            hits.reads.into_iter().map(|h| h.map(Ok)).collect();
         let hits = results.iter().filter(|r| r.is_some()).count();
         // One window of reads per server, twice its in-flight limit: a read
         // future exists only shortly before it can run (1000 futures created
@@ -538,7 +583,7 @@ impl McpContext {
                 })
             })
             .collect();
-        (results, hits)
+        (results, hits, stamp)
     }
 
     /// Builds the context and prepends it to `request` (replacing any earlier
@@ -810,6 +855,103 @@ impl CompositionMemo {
             entries.pop_front();
         }
         entries.push_back((key, composed));
+    }
+}
+
+/// The last answer to each unchanged request, so that the warm path of a
+/// host or proxy calling the LLM many times a minute costs a few lookups,
+/// whatever the number of resources: no cache lookup per resource, no
+/// composition to verify, no report to copy (its exclusion list is shared).
+/// Only answers built entirely from the cache (no read, no error, no stale
+/// content, no explicit selection) are kept, and one is used only while
+/// everything it was made from is unchanged: the policy (the same `Arc`),
+/// the listing generation, the content cache's version, the connection of
+/// every server it used, and no entry it used has expired. Keyed by user,
+/// not by grant set: `private` cache entries are per user.
+#[derive(Default)]
+struct WarmMemo {
+    entries: std::sync::Mutex<std::collections::HashMap<WarmKey, WarmEntry>>,
+}
+
+/// Requests remembered by the warm memo; past this it starts over (each
+/// entry shares its message with the composition memo).
+const WARM_MEMO_SIZE: usize = 1024;
+
+/// What a request asks, besides its user's policy.
+#[derive(PartialEq, Eq, Hash)]
+struct WarmKey {
+    user: String,
+    model: String,
+    budget: Option<usize>,
+    select: Option<SelectMode>,
+    query: Option<String>,
+}
+
+struct WarmEntry {
+    policy: Arc<Policy>,
+    listing_generation: u64,
+    stamp: CacheStamp,
+    connections: Connections,
+    message: Option<ContextMessage>,
+    report: Report,
+}
+
+/// The content cache's state that a set of hits stays valid under.
+#[derive(Clone, Copy)]
+struct CacheStamp {
+    version: u64,
+    expires: Option<Instant>,
+}
+
+/// The connection epoch of each server a selection reads from.
+struct Connections(Vec<(String, u64)>);
+
+impl Connections {
+    fn of(hub: &Hub, selected: &[Arc<Resource>]) -> Self {
+        let mut servers: Vec<(String, u64)> = Vec::new();
+        for r in selected {
+            if !servers.iter().any(|(s, _)| *s == r.id.server) {
+                servers.push((r.id.server.clone(), hub.connection_epoch(&r.id.server)));
+            }
+        }
+        Self(servers)
+    }
+
+    /// Same connections, still up (entries without expiry live by them).
+    fn unchanged(&self, hub: &Hub) -> bool {
+        self.0.iter().all(|(s, epoch)| hub.connection_epoch(s) == *epoch && hub.is_connected(s))
+    }
+}
+
+impl WarmMemo {
+    fn clear(&self) {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    fn get(
+        &self,
+        key: &WarmKey,
+        policy: &Arc<Policy>,
+        listing_generation: u64,
+        cache_version: u64,
+        hub: &Hub,
+    ) -> Option<(Option<ContextMessage>, Report)> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let e = entries.get(key)?;
+        let valid = Arc::ptr_eq(&e.policy, policy)
+            && e.listing_generation == listing_generation
+            && e.stamp.version == cache_version
+            && e.stamp.expires.is_none_or(|t| Instant::now() < t)
+            && e.connections.unchanged(hub);
+        valid.then(|| (e.message.clone(), e.report.clone()))
+    }
+
+    fn put(&self, key: WarmKey, entry: WarmEntry) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.len() >= WARM_MEMO_SIZE && !entries.contains_key(&key) {
+            entries.clear();
+        }
+        entries.insert(key, entry);
     }
 }
 

@@ -3,6 +3,7 @@
 //! value; nothing else describes what happened.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -105,8 +106,11 @@ pub struct Report {
     pub tokens: usize,
     /// In the message, in message order.
     pub included: Vec<Included>,
-    /// Left out.
-    pub excluded: Vec<Excluded>,
+    /// Left out. Shared: an unchanged request hands out the list remembered
+    /// with its message instead of copying it (with a thousand visible
+    /// resources and a small budget it is most of the report), so cloning a
+    /// report is cheap; change it with `Arc::make_mut`.
+    pub excluded: Arc<Vec<Excluded>>,
     /// Servers that could not be used, or whose listing is incomplete.
     pub failed_servers: Vec<ServerFailure>,
     /// Servers whose connection was re-established during this request
@@ -150,7 +154,7 @@ impl Report {
             total_ms = self.timings.total_ms,
             "context built"
         );
-        for e in &self.excluded {
+        for e in self.excluded.iter() {
             tracing::debug!(id = %e.id, reason = %e.reason, detail = e.detail.as_deref().unwrap_or(""), "excluded");
         }
         for f in &self.failed_servers {
@@ -204,7 +208,7 @@ impl fmt::Display for Report {
             }
             writeln!(f, "  {status:<10} {:<width$} {:>7}  {detail}", i.id, i.tokens)?;
         }
-        for e in &self.excluded {
+        for e in self.excluded.iter() {
             writeln!(
                 f,
                 "  {:<10} {:<width$} {:>7}  {}",
