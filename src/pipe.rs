@@ -433,7 +433,7 @@ impl Transport<RoleClient> for ChildPipe {
 
     /// Closes stdin once everything queued is written, then waits for the
     /// process to exit. Callers bound the wait and escalate to signals
-    /// (see `hub::shutdown`).
+    /// (see `hub::connect::shutdown`).
     async fn close(&mut self) -> std::io::Result<()> {
         drop(self.queue.take());
         if let Some(writer) = self.writer.take() {
