@@ -130,7 +130,7 @@ impl ContentCache {
                     // Entries and subscriptions of the old connection are already
                     // void by their epoch; this just frees the memory.
                     HubEvent::Restarted { server } => {
-                        let epoch = hub2.connection_epoch(&server);
+                        let epoch = hub2.connection(&server).epoch;
                         let keep = |e: &Entry| e.expires.is_some() || e.epoch == epoch;
                         for (_, slot) in s.entries.iter_mut().filter(|(id, _)| id.server == server) {
                             slot.shared = slot.shared.take().filter(keep);
@@ -229,8 +229,13 @@ impl ContentCache {
     /// subscription, which died with the connection: then it must be read
     /// again (which also restarts the server).
     fn fresh(&self, e: &Entry, server: &str, now: Instant) -> bool {
-        e.expires
-            .map_or_else(|| e.epoch == self.hub.connection_epoch(server) && self.hub.is_connected(server), |t| t > now)
+        e.expires.map_or_else(
+            || {
+                let c = self.hub.connection(server);
+                c.up && c.epoch == e.epoch
+            },
+            |t| t > now,
+        )
     }
 
     fn start_read(&self, s: &mut State, id: ResourceId, user: String, enabled: bool, ttl: Duration) -> Flight {
@@ -245,9 +250,10 @@ impl ContentCache {
             let current = s.generation.get(&id).copied().unwrap_or(0) == generation;
             let hint_ttl = contents.ttl_ms.map(Duration::from_millis);
             let cacheable = enabled && current && hint_ttl != Some(Duration::ZERO);
-            let epoch = hub.connection_epoch(&id.server);
+            let connection = hub.connection(&id.server);
+            let epoch = connection.epoch;
             let subscribed_now = s.subscribed.get(&id) == Some(&epoch);
-            let subscribe = cacheable && !subscribed_now && hub.supports_subscribe(&id.server);
+            let subscribe = cacheable && !subscribed_now && connection.subscribe;
             if cacheable {
                 let life = hint_ttl.or(if subscribed_now || subscribe { None } else { Some(ttl) });
                 let entry = Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l), epoch };

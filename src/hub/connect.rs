@@ -20,7 +20,7 @@ use tokio::sync::broadcast;
 
 use super::convert::init_cause;
 use super::list::list_server;
-use super::server::{Backoff, Server, read, write};
+use super::server::{Backoff, Server};
 use super::{Hub, HubEvent, Shared};
 use crate::config::{ENV_ALLOWLIST, ServerConfig, Transport, redact_url};
 use crate::error::{Error, Result};
@@ -89,7 +89,7 @@ impl Hub {
     /// The server's live connection; if its process ended (or it never
     /// came up), reconnects, at most once per backoff period.
     pub(super) async fn live(&self, server: &Server) -> Result<Arc<Live>> {
-        let usable = |s: &Server| read(&s.live).clone().filter(|l| !l.peer.is_transport_closed());
+        let usable = |s: &Server| s.state().usable().cloned();
         if let Some(live) = usable(server) {
             return Ok(live);
         }
@@ -101,7 +101,7 @@ impl Hub {
         if let Some(live) = usable(server) {
             return Ok(live); // another request reconnected while we waited
         }
-        let last_error = read(&server.error).clone().unwrap_or_else(|| "its process ended".into());
+        let last_error = server.state().error.clone().unwrap_or_else(|| "its process ended".into());
         if let Some(t) = backoff.next_try
             && tokio::time::Instant::now() < t
         {
@@ -110,7 +110,7 @@ impl Hub {
             tracing::debug!(server = %server.cfg.name, "next reconnect attempt in {} ms", wait.as_millis());
             return Err(unavailable(last_error));
         }
-        let old = write(&server.live).take();
+        let old = server.take_live(false);
         let was_up = old.is_some();
         if let Some(old) = old {
             tracing::warn!(server = %server.cfg.name, "connection lost; restarting");
@@ -118,22 +118,20 @@ impl Hub {
         }
         // Boxed: a reconnect future is kilobytes, and it would otherwise be
         // part of every read future (1000 pending reads, 6 MB, measured).
-        if Box::pin(connect_one(&self.shared, server)).await {
+        if Box::pin(connect_one(&self.shared, server, was_up)).await {
             *backoff = Backoff::default();
-            if was_up {
-                server.restarts.fetch_add(1, Ordering::SeqCst);
-            }
             let _ = self.shared.events.send(HubEvent::Restarted { server: server.cfg.name.clone() });
             usable(server).ok_or_else(|| unavailable("connection closed right after restart".into()))
         } else {
             backoff.failed();
-            Err(unavailable(read(&server.error).clone().unwrap_or(last_error)))
+            Err(unavailable(server.state().error.clone().unwrap_or(last_error)))
         }
     }
 }
 
-/// Connects (or reconnects) one server and lists it. Records the outcome.
-pub(super) async fn connect_one(shared: &Shared, s: &Server) -> bool {
+/// Connects (or reconnects) one server and lists it. Records the outcome;
+/// `restart`: it replaces a connection that was lost.
+pub(super) async fn connect_one(shared: &Shared, s: &Server, restart: bool) -> bool {
     let host =
         Host { server: s.cfg.name.as_str().into(), events: shared.events.clone(), relist: shared.relist_tx.clone() };
     let started = std::time::Instant::now();
@@ -141,21 +139,20 @@ pub(super) async fn connect_one(shared: &Shared, s: &Server) -> bool {
         Ok(live) => {
             let connected = started.elapsed();
             let live = Arc::new(live);
-            *write(&s.live) = Some(live.clone());
-            *write(&s.error) = None;
-            s.epoch.fetch_add(1, Ordering::SeqCst);
-            let listing = list_server(&s.cfg, &live).await;
-            *write(&s.listing) = Arc::new(listing);
-            shared.generation.fetch_add(1, Ordering::SeqCst);
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            *write(&s.timings) = (ms(connected), ms(started.elapsed() - connected));
+            // Usable at once (reads need no listing); the listing follows.
+            s.connected(live.clone(), ms(connected), restart);
+            let listing = list_server(&s.cfg, &live).await;
+            if s.listed(&live, listing, Some(ms(started.elapsed() - connected))) {
+                shared.generation.fetch_add(1, Ordering::SeqCst);
+            }
             true
         }
         Err(e) => {
             // Debug, not warn: the failure is returned (failures(), the
             // report), and whoever shows it says it once.
             tracing::debug!(server = %s.cfg.name, error = %e, "server unavailable");
-            *write(&s.error) = Some(e);
+            s.failed(e);
             false
         }
     }

@@ -34,8 +34,8 @@ mod convert;
 mod list;
 mod server;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -54,7 +54,7 @@ use connect::{connect_one, shutdown};
 use convert::{convert_contents, map_service_error, scrub_error};
 pub(crate) use list::Listing;
 use list::{list_server, relist_loop};
-use server::{Backoff, Server, lock_backoff, read, write};
+use server::{Server, lock_backoff};
 
 /// Something a server told us about its resources.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +108,17 @@ pub struct ServerStatus {
     pub restarts: u32,
 }
 
+/// A server's connection at one moment (see [`Hub::connection`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Connection {
+    /// Bumped on every (re)connection.
+    pub(crate) epoch: u64,
+    /// The connection is up (its transport is open).
+    pub(crate) up: bool,
+    /// The server supports `resources/subscribe`.
+    pub(crate) subscribe: bool,
+}
+
 struct Shared {
     servers: Vec<Server>,
     max_resource_bytes: usize,
@@ -137,21 +148,7 @@ impl Hub {
     pub async fn connect(config: &Config) -> Hub {
         let (events, _) = broadcast::channel(1024);
         let (relist_tx, relist_rx) = tokio::sync::mpsc::unbounded_channel();
-        let servers: Vec<Server> = config
-            .servers
-            .iter()
-            .map(|cfg| Server {
-                cfg: cfg.clone(),
-                live: RwLock::new(None),
-                error: RwLock::new(None),
-                listing: RwLock::new(Arc::new(Listing::default())),
-                reads: Semaphore::new(cfg.max_concurrent_reads),
-                timings: RwLock::new((0.0, 0.0)),
-                restart: tokio::sync::Mutex::new(Backoff::default()),
-                restarts: AtomicU32::new(0),
-                epoch: AtomicU64::new(0),
-            })
-            .collect();
+        let servers: Vec<Server> = config.servers.iter().map(Server::new).collect();
         let shared = Arc::new(Shared {
             servers,
             max_resource_bytes: config.context.max_resource_bytes,
@@ -163,7 +160,7 @@ impl Hub {
             generation: AtomicU64::new(0),
         });
         join_all(shared.servers.iter().map(|s| async {
-            if !connect_one(&shared, s).await {
+            if !connect_one(&shared, s, false).await {
                 lock_backoff(s).await.failed();
             }
         }))
@@ -191,21 +188,21 @@ impl Hub {
             .servers
             .iter()
             .map(|s| {
-                let live = read(&s.live).clone();
-                let listing = read(&s.listing).clone();
+                let state = s.state();
+                let (live, listing) = (state.live.as_ref(), &state.listing);
                 ServerStatus {
                     name: s.cfg.name.clone(),
                     connected: live.is_some(),
-                    protocol: live.as_ref().map(|l| l.protocol.clone()),
+                    protocol: live.map(|l| l.protocol.clone()),
                     resources: listing.resources.len(),
                     templates: listing.templates.len(),
                     listing_complete: listing.complete,
-                    problem: read(&s.error).clone().or_else(|| listing.problem.clone()),
-                    subscribe: live.as_ref().is_some_and(|l| l.subscribe),
-                    list_changed: live.as_ref().is_some_and(|l| l.list_changed),
-                    connect_ms: read(&s.timings).0,
-                    list_ms: read(&s.timings).1,
-                    restarts: s.restarts.load(Ordering::SeqCst),
+                    problem: state.error.clone().or_else(|| listing.problem.clone()),
+                    subscribe: live.is_some_and(|l| l.subscribe),
+                    list_changed: live.is_some_and(|l| l.list_changed),
+                    connect_ms: state.connect_ms,
+                    list_ms: state.list_ms,
+                    restarts: state.restarts,
                 }
             })
             .collect()
@@ -228,7 +225,7 @@ impl Hub {
     pub(crate) fn resources_shared(&self) -> Vec<Arc<Resource>> {
         let mut out = Vec::new();
         for s in &self.shared.servers {
-            out.extend(read(&s.listing).resources.iter().cloned());
+            out.extend(s.state().listing.resources.iter().cloned());
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
@@ -244,27 +241,27 @@ impl Hub {
     /// One server's resources in the order the server listed them.
     pub fn listed(&self, server: &str) -> Vec<Resource> {
         self.server(server)
-            .map(|s| read(&s.listing).resources.iter().map(|r| Resource::clone(r)).collect())
+            .map(|s| s.state().listing.resources.iter().map(|r| Resource::clone(r)).collect())
             .unwrap_or_default()
     }
 
     /// The listing entry of one resource.
     pub fn resource(&self, id: &ResourceId) -> Option<Resource> {
         let s = self.server(&id.server).ok()?;
-        read(&s.listing).resources.iter().find(|r| r.id.uri == id.uri).map(|r| Resource::clone(r))
+        s.state().listing.resources.iter().find(|r| r.id.uri == id.uri).map(|r| Resource::clone(r))
     }
 
     /// One server's current listing (resources and templates), shared; `None`
     /// for a server that is not configured.
     pub(crate) fn listing_of(&self, server: &str) -> Option<Arc<Listing>> {
-        self.server(server).ok().map(|s| read(&s.listing).clone())
+        self.server(server).ok().map(Server::listing)
     }
 
     /// Every listed template, by server then template.
     pub fn templates(&self) -> Vec<ResourceTemplate> {
         let mut out = Vec::new();
         for s in &self.shared.servers {
-            out.extend(read(&s.listing).templates.iter().cloned());
+            out.extend(s.state().listing.templates.iter().cloned());
         }
         out
     }
@@ -275,21 +272,21 @@ impl Hub {
     }
 
     /// Whether the server's connection is up (its process has not ended).
-    /// Entries kept alive by a subscription are only trusted while it is.
     pub fn is_connected(&self, server: &str) -> bool {
-        self.server(server).ok().and_then(|s| read(&s.live).clone()).is_some_and(|l| !l.peer.is_transport_closed())
+        self.connection(server).up
     }
 
-    /// Which connection of the server is current: bumped on every
-    /// (re)connection, so state tied to a connection (subscriptions) can
-    /// tell that it is gone.
-    pub fn connection_epoch(&self, server: &str) -> u64 {
-        self.server(server).map(|s| s.epoch.load(Ordering::SeqCst)).unwrap_or(0)
-    }
-
-    /// Whether the server supports `resources/subscribe`.
-    pub fn supports_subscribe(&self, server: &str) -> bool {
-        self.server(server).ok().and_then(|s| read(&s.live).clone()).is_some_and(|l| l.subscribe)
+    /// The server's current connection, read at one moment: what the cache
+    /// needs to trust entries kept alive by a subscription (only while the
+    /// connection they were made on is up) and to decide to subscribe.
+    pub(crate) fn connection(&self, server: &str) -> Connection {
+        let Ok(s) = self.server(server) else { return Connection::default() };
+        let state = s.state();
+        Connection {
+            epoch: state.epoch,
+            up: state.usable().is_some(),
+            subscribe: state.live.as_ref().is_some_and(|l| l.subscribe),
+        }
     }
 
     /// The config of one server.
@@ -338,8 +335,9 @@ impl Hub {
     }
 
     /// Subscribes to updates of one resource, where the server supports it.
-    /// Returns whether a subscription is now in place.
-    pub async fn subscribe(&self, id: &ResourceId) -> Result<bool> {
+    /// Returns whether a subscription is now in place. The cache subscribes
+    /// for what it keeps; updates arrive as [`HubEvent::Updated`].
+    pub(crate) async fn subscribe(&self, id: &ResourceId) -> Result<bool> {
         let server = self.server(&id.server)?;
         let live = self.live(server).await?;
         if !live.subscribe {
@@ -367,11 +365,9 @@ impl Hub {
             t.abort();
         }
         join_all(self.shared.servers.iter().map(|s| async move {
-            let live = write(&s.live).take();
-            if let Some(live) = live {
+            if let Some(live) = s.take_live(true) {
                 shutdown(&live).await;
             }
-            write(&s.error).get_or_insert_with(|| "closed".into());
         }))
         .await;
     }
@@ -381,8 +377,11 @@ impl Hub {
         let s = self.server(server)?;
         let live = self.live(s).await?;
         let listing = list_server(&s.cfg, &live).await;
-        *write(&s.listing) = Arc::new(listing);
-        self.shared.generation.fetch_add(1, Ordering::SeqCst);
+        // Not stored if the connection was replaced meanwhile: its own
+        // connect listed it already.
+        if s.listed(&live, listing, None) {
+            self.shared.generation.fetch_add(1, Ordering::SeqCst);
+        }
         Ok(())
     }
 }
