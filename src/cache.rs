@@ -31,9 +31,9 @@ use crate::resource::Contents;
 /// What a read through the cache returns.
 #[derive(Debug, Clone)]
 pub(crate) struct CachedRead {
-    pub contents: Arc<Contents>,
+    pub(crate) contents: Arc<Contents>,
     /// The last good content, served because a re-read failed.
-    pub stale: bool,
+    pub(crate) stale: bool,
 }
 
 /// The cached answers for one resource: the shared one, and `private`
@@ -99,7 +99,7 @@ impl Drop for ContentCache {
 }
 
 impl ContentCache {
-    pub fn new(hub: Hub, config: &Config) -> Self {
+    pub(crate) fn new(hub: Hub, config: &Config) -> Self {
         let state: Arc<Mutex<State>> = Arc::default();
         let settings = config.servers.iter().map(|s| (s.name.clone(), (s.cache, s.cache_ttl, s.serve_stale))).collect();
         let mut events = hub.events();
@@ -162,13 +162,13 @@ impl ContentCache {
     }
 
     /// Number of cached entries (shared and private).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         lock(&self.state).entries.values().map(|s| usize::from(s.shared.is_some()) + s.private_len()).sum()
     }
 
     /// The fresh cached answers for these ids, under one lock and without
     /// awaiting: the warm path of a request. `None` where a read is needed.
-    pub fn hits<'a>(&self, ids: impl Iterator<Item = &'a ResourceId>, user: &str) -> Vec<Option<CachedRead>> {
+    pub(crate) fn hits<'a>(&self, ids: impl Iterator<Item = &'a ResourceId>, user: &str) -> Vec<Option<CachedRead>> {
         let now = Instant::now();
         let s = lock(&self.state);
         ids.map(|id| {
@@ -183,7 +183,7 @@ impl ContentCache {
     }
 
     /// Reads one resource through the cache.
-    pub async fn read(&self, id: &ResourceId, user: &str) -> Result<CachedRead> {
+    pub(crate) async fn read(&self, id: &ResourceId, user: &str) -> Result<CachedRead> {
         let (enabled, ttl, serve_stale) =
             self.settings.get(&id.server).copied().unwrap_or((false, Duration::ZERO, false));
         let now = Instant::now();

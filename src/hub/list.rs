@@ -16,7 +16,7 @@ use crate::config::ServerConfig;
 use crate::resource::{Resource, ResourceTemplate};
 
 /// Most pages we follow in one listing before calling it incomplete.
-pub const MAX_LIST_PAGES: usize = 1000;
+const MAX_LIST_PAGES: usize = 1000;
 
 #[derive(Default)]
 pub(crate) struct Listing {
