@@ -22,7 +22,8 @@ use super::convert::init_cause;
 use super::list::list_server;
 use super::server::{Backoff, Server};
 use super::{Hub, HubEvent, Shared};
-use crate::config::{ENV_ALLOWLIST, ServerConfig, Transport, redact_url};
+use crate::cause::redact_url;
+use crate::config::{ENV_ALLOWLIST, ServerConfig, Transport};
 use crate::error::{Error, Result};
 use crate::pipe::{ChildPipe, Diagnostics};
 
