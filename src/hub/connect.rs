@@ -38,6 +38,9 @@ const STDERR_TAIL_LINES: usize = 8;
 /// Longest stderr line quoted when a server fails to start, in characters.
 const STDERR_TAIL_WIDTH: usize = 200;
 
+/// Our side of one connection (rmcp's client handler): it announces the
+/// pinned protocol and turns the server's notifications into hub events
+/// and re-list requests.
 #[derive(Clone)]
 pub(super) struct Host {
     server: Arc<str>,

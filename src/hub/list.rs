@@ -18,15 +18,22 @@ use crate::resource::{Resource, ResourceTemplate};
 /// Most pages we follow in one listing before calling it incomplete.
 const MAX_LIST_PAGES: usize = 1000;
 
+/// What one server listed, replaced whole on every (re)listing so that
+/// readers (the gate, selections) hold one consistent listing.
 #[derive(Default)]
 pub(crate) struct Listing {
     /// Shared so that selections hold pointers, not copies.
     pub(crate) resources: Vec<Arc<Resource>>,
     pub(crate) templates: Vec<ResourceTemplate>,
+    /// Every page was followed to the end.
     pub(super) complete: bool,
+    /// Why the listing is incomplete (or the templates failed).
     pub(super) problem: Option<String>,
 }
 
+/// Re-lists the servers that sent `list_changed`, a burst at a time, and
+/// tells subscribers (the cache) with [`HubEvent::ListChanged`]. Ends with
+/// the hub (it holds only a weak reference).
 pub(super) async fn relist_loop(
     shared: std::sync::Weak<Shared>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Arc<str>>,
@@ -50,6 +57,9 @@ pub(super) async fn relist_loop(
     }
 }
 
+/// Lists one connection's resources (duplicates by URI dropped) and
+/// templates. Never fails: what could not be listed is the listing's
+/// `problem`, and the rest is kept.
 pub(super) async fn list_server(cfg: &ServerConfig, live: &Live) -> Listing {
     let mut listing = Listing { complete: true, ..Listing::default() };
     if !live.has_resources {
