@@ -42,9 +42,9 @@ pub(crate) struct Hits {
 /// What a read through the cache returns.
 #[derive(Debug, Clone)]
 pub(crate) struct CachedRead {
-    pub contents: Arc<Contents>,
+    pub(crate) contents: Arc<Contents>,
     /// The last good content, served because a re-read failed.
-    pub stale: bool,
+    pub(crate) stale: bool,
 }
 
 /// The cached answers for one resource: the shared one, and `private`
@@ -114,7 +114,7 @@ impl Drop for ContentCache {
 }
 
 impl ContentCache {
-    pub fn new(hub: Hub, config: &Config) -> Self {
+    pub(crate) fn new(hub: Hub, config: &Config) -> Self {
         let state: Arc<Mutex<State>> = Arc::default();
         let settings = config.servers.iter().map(|s| (s.name.clone(), (s.cache, s.cache_ttl, s.serve_stale))).collect();
         let mut events = hub.events();
@@ -145,7 +145,7 @@ impl ContentCache {
                     // Entries and subscriptions of the old connection are already
                     // void by their epoch; this just frees the memory.
                     HubEvent::Restarted { server } => {
-                        let epoch = hub2.connection_epoch(&server);
+                        let epoch = hub2.connection(&server).epoch;
                         let keep = |e: &Entry| e.expires.is_some() || e.epoch == epoch;
                         for (_, slot) in s.entries.iter_mut().filter(|(id, _)| id.server == server) {
                             slot.shared = slot.shared.take().filter(keep);
@@ -178,7 +178,7 @@ impl ContentCache {
     }
 
     /// Number of cached entries (shared and private).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         lock(&self.state).entries.values().map(|s| usize::from(s.shared.is_some()) + s.private_len()).sum()
     }
 
@@ -187,7 +187,7 @@ impl ContentCache {
     /// answers while [`ContentCache::version`] is unchanged, `expires` has
     /// not passed, and the connection epoch of each server whose entries
     /// live by their subscription is unchanged (read it before calling).
-    pub fn hits<'a>(&self, ids: impl Iterator<Item = &'a ResourceId>, user: &str) -> Hits {
+    pub(crate) fn hits<'a>(&self, ids: impl Iterator<Item = &'a ResourceId>, user: &str) -> Hits {
         let now = Instant::now();
         let s = lock(&self.state);
         let mut expires: Option<Instant> = None;
@@ -211,12 +211,12 @@ impl ContentCache {
     }
 
     /// Changes whenever an entry is stored, dropped or expires by an event.
-    pub fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         lock(&self.state).version
     }
 
     /// Reads one resource through the cache.
-    pub async fn read(&self, id: &ResourceId, user: &str) -> Result<CachedRead> {
+    pub(crate) async fn read(&self, id: &ResourceId, user: &str) -> Result<CachedRead> {
         let (enabled, ttl, serve_stale) =
             self.settings.get(&id.server).copied().unwrap_or((false, Duration::ZERO, false));
         let now = Instant::now();
@@ -262,8 +262,13 @@ impl ContentCache {
     /// subscription, which died with the connection: then it must be read
     /// again (which also restarts the server).
     fn fresh(&self, e: &Entry, server: &str, now: Instant) -> bool {
-        e.expires
-            .map_or_else(|| e.epoch == self.hub.connection_epoch(server) && self.hub.is_connected(server), |t| t > now)
+        e.expires.map_or_else(
+            || {
+                let c = self.hub.connection(server);
+                c.up && c.epoch == e.epoch
+            },
+            |t| t > now,
+        )
     }
 
     fn start_read(&self, s: &mut State, id: ResourceId, user: String, enabled: bool, ttl: Duration) -> Flight {
@@ -278,9 +283,10 @@ impl ContentCache {
             let current = s.generation.get(&id).copied().unwrap_or(0) == generation;
             let hint_ttl = contents.ttl_ms.map(Duration::from_millis);
             let cacheable = enabled && current && hint_ttl != Some(Duration::ZERO);
-            let epoch = hub.connection_epoch(&id.server);
+            let connection = hub.connection(&id.server);
+            let epoch = connection.epoch;
             let subscribed_now = s.subscribed.get(&id) == Some(&epoch);
-            let subscribe = cacheable && !subscribed_now && hub.supports_subscribe(&id.server);
+            let subscribe = cacheable && !subscribed_now && connection.subscribe;
             if cacheable {
                 let life = hint_ttl.or(if subscribed_now || subscribe { None } else { Some(ttl) });
                 let entry = Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l), epoch };

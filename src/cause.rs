@@ -7,7 +7,8 @@
 //! walks the chain once and names the cause: connection refused, the host
 //! name does not resolve, TLS spoken to a plain port, a timeout, an HTTP
 //! status with a one-line excerpt of the body. Callers add the URL (without
-//! credentials) and what they were doing.
+//! credentials: [`redact_url`], here so that errors depend on no config)
+//! and what they were doing.
 
 use std::error::Error as StdError;
 
@@ -44,7 +45,7 @@ pub(crate) fn openai_cause(e: &async_openai::error::OpenAIError) -> String {
         E::Reqwest(r) => {
             let cause = reqwest_cause(r);
             match r.url() {
-                Some(url) => format!("{}: {cause}", crate::config::redact_url(url.as_str())),
+                Some(url) => format!("{}: {cause}", redact_url(url.as_str())),
                 None => cause,
             }
         }
@@ -181,6 +182,18 @@ pub(crate) fn one_line(s: &str, max: usize) -> String {
         }
     }
     out
+}
+
+/// Strips userinfo and the query from a URL before it is logged or reported.
+pub(crate) fn redact_url(url: &str) -> String {
+    let mut s = url.split(['?', '#']).next().unwrap_or(url).to_owned();
+    if let Some(scheme_end) = s.find("://") {
+        let rest = &s[scheme_end + 3..];
+        if let Some(at) = rest.find('@').filter(|at| !rest[..*at].contains('/')) {
+            s = format!("{}://***@{}", &s[..scheme_end], &rest[at + 1..]);
+        }
+    }
+    s
 }
 
 #[cfg(test)]

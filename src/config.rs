@@ -19,6 +19,7 @@ use std::time::Duration;
 use indexmap_lite::OrderedMap;
 use serde::Deserialize;
 
+use crate::cause::redact_url;
 use crate::error::{Error, Result};
 use crate::id::validate_server_name;
 pub use crate::relevance::SelectMode;
@@ -427,18 +428,6 @@ impl fmt::Debug for Transport {
                 .finish(),
         }
     }
-}
-
-/// Strips userinfo and the query from a URL before it is logged or reported.
-pub(crate) fn redact_url(url: &str) -> String {
-    let mut s = url.split(['?', '#']).next().unwrap_or(url).to_owned();
-    if let Some(scheme_end) = s.find("://") {
-        let rest = &s[scheme_end + 3..];
-        if let Some(at) = rest.find('@').filter(|at| !rest[..*at].contains('/')) {
-            s = format!("{}://***@{}", &s[..scheme_end], &rest[at + 1..]);
-        }
-    }
-    s
 }
 
 /// One configured server.

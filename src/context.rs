@@ -911,7 +911,7 @@ impl Connections {
         let mut servers: Vec<(String, u64)> = Vec::new();
         for r in selected {
             if !servers.iter().any(|(s, _)| *s == r.id.server) {
-                servers.push((r.id.server.clone(), hub.connection_epoch(&r.id.server)));
+                servers.push((r.id.server.clone(), hub.connection(&r.id.server).epoch));
             }
         }
         Self(servers)
@@ -919,7 +919,10 @@ impl Connections {
 
     /// Same connections, still up (entries without expiry live by them).
     fn unchanged(&self, hub: &Hub) -> bool {
-        self.0.iter().all(|(s, epoch)| hub.connection_epoch(s) == *epoch && hub.is_connected(s))
+        self.0.iter().all(|(s, epoch)| {
+            let c = hub.connection(s);
+            c.up && c.epoch == *epoch
+        })
     }
 }
 

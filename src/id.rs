@@ -12,7 +12,7 @@ use crate::error::{Error, quote};
 
 /// Longest identifier we accept, in bytes. Anything longer is almost certainly
 /// garbage or an attack, and would only bloat logs and reports.
-pub const MAX_ID_LEN: usize = 8192;
+pub(crate) const MAX_ID_LEN: usize = 8192;
 
 /// A resource's identity: the configured server name plus the URI the server
 /// gave it.
@@ -72,7 +72,7 @@ impl FromStr for ResourceId {
 }
 
 /// Server names: ASCII letters, digits, `-` and `_`, 1 to 64 characters.
-pub fn validate_server_name(name: &str) -> Result<(), String> {
+pub(crate) fn validate_server_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("the server name is empty (expected SERVER:URI)".into());
     }

@@ -31,7 +31,7 @@ pub(crate) const BLOB_BYTES: &str = "mcp-context/blobBytes";
 /// JSON-RPC error code of our own "answer larger than N bytes" (in the
 /// implementation-defined server-error range); the hub reports it as a
 /// protocol error, not as an error the server sent.
-pub const TOO_LARGE: i32 = -32099;
+pub(crate) const TOO_LARGE: i32 = -32099;
 /// Longest `uri`, `mimeType`, `cacheScope` or string `id` kept.
 const SMALL: usize = 4096;
 

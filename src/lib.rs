@@ -68,7 +68,7 @@ pub use config::{
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
 pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
-pub use hub::{Hub, HubEvent, ServerFailure, ServerStatus};
+pub use hub::{Hub, HubEvent, ServerStatus};
 pub use id::ResourceId;
 pub use inject::{
     INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
@@ -80,7 +80,7 @@ pub use relevance::{
     SelectMode, compose_by_relevance,
 };
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
-pub use report::{ExcludeReason, Excluded, Included, Report, Timings};
+pub use report::{ExcludeReason, Excluded, Included, Report, ServerFailure, Timings};
 pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
 pub use tools::{
     LIST_TOOL, READ_TOOL, ResourceTools, ToolResult, add_tools, format_listing, is_resource_tool, tool_definitions,

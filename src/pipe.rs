@@ -46,7 +46,7 @@ use tokio::sync::mpsc;
 use crate::large::LargeAnswer;
 
 /// Longest line accepted from a server (the same cap as rmcp's).
-pub const MAX_LINE: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_LINE: usize = 16 * 1024 * 1024;
 /// Most bytes gathered into one write.
 const MAX_BATCH: usize = 1 << 20;
 
@@ -56,7 +56,7 @@ const JUNK_EXCERPT: usize = 120;
 /// What the pipe saw that explains a failure: shared with the hub, which
 /// outlives the transport (rmcp drops it when a handshake fails).
 #[derive(Default)]
-pub struct Diagnostics {
+pub(crate) struct Diagnostics {
     state: Mutex<DiagState>,
 }
 
@@ -71,7 +71,7 @@ struct DiagState {
 
 impl Diagnostics {
     /// Diagnostics of the server called `server` (for its warnings).
-    pub fn new(server: &str) -> Arc<Diagnostics> {
+    pub(crate) fn new(server: &str) -> Arc<Diagnostics> {
         Arc::new(Diagnostics { state: Mutex::new(DiagState { server: server.to_owned(), ..DiagState::default() }) })
     }
 
@@ -81,18 +81,18 @@ impl Diagnostics {
 
     /// The first line the server wrote on stdout that was not an MCP
     /// message, quoted and truncated.
-    pub fn first_junk(&self) -> Option<String> {
+    pub(crate) fn first_junk(&self) -> Option<String> {
         self.lock().first_junk.clone()
     }
 
     /// How the process ended, if it did while its stdout was read.
-    pub fn exit_status(&self) -> Option<std::process::ExitStatus> {
+    pub(crate) fn exit_status(&self) -> Option<std::process::ExitStatus> {
         self.lock().exit
     }
 
     /// The handshake succeeded: junk seen so far (and the first one seen
     /// later) is a warning, once, rather than part of an error.
-    pub fn connected(&self) {
+    pub(crate) fn connected(&self) {
         let mut s = self.lock();
         s.connected = true;
         s.warn_once();
@@ -136,7 +136,7 @@ fn excerpt(line: &[u8]) -> String {
 }
 
 /// A spawned server's pipes, as an rmcp [`Transport`].
-pub struct ChildPipe {
+pub(crate) struct ChildPipe {
     child: Option<Box<dyn ChildWrapper>>,
     stdout: BufReader<ChildStdout>,
     line: Vec<u8>,
@@ -157,7 +157,7 @@ impl ChildPipe {
     /// Takes the child's stdin and stdout (both must be piped). What the
     /// pipe notices (junk, the exit status) goes to `diag`.
     /// An over-long read answer keeps `max_text` bytes of its text.
-    pub fn new(
+    pub(crate) fn new(
         mut child: Box<dyn ChildWrapper>,
         diag: Arc<Diagnostics>,
         max_text: usize,
@@ -433,7 +433,7 @@ impl Transport<RoleClient> for ChildPipe {
 
     /// Closes stdin once everything queued is written, then waits for the
     /// process to exit. Callers bound the wait and escalate to signals
-    /// (see `hub::shutdown`).
+    /// (see `hub::connect::shutdown`).
     async fn close(&mut self) -> std::io::Result<()> {
         drop(self.queue.take());
         if let Some(writer) = self.writer.take() {

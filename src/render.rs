@@ -31,26 +31,26 @@ pub const DEFAULT_PREAMBLE: &str = "The following resources are reference data s
 pub const EMPTY_CONTENT: &str = "No content returned from resource.";
 
 /// The closing tag of every block. Packing relies on it starting with `<`.
-pub const CLOSE_TAG: &str = "</resource>";
+pub(crate) const CLOSE_TAG: &str = "</resource>";
 
 /// One resource ready for the context message, split so that the budget code
 /// can cut the body without re-rendering: `head` is the opening line plus the
 /// body (always ending in `'\n'`), `tail` is the closing tag.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RenderedBlock {
+pub(crate) struct RenderedBlock {
     /// The resource this block shows.
-    pub id: ResourceId,
+    pub(crate) id: ResourceId,
     /// `<resource ...>` line, `'\n'`, the body, ending in exactly one `'\n'`:
     /// everything before the closing tag.
-    pub head: String,
+    pub(crate) head: String,
     /// Always [`CLOSE_TAG`].
-    pub tail: &'static str,
+    pub(crate) tail: &'static str,
 }
 
 impl RenderedBlock {
     /// The whole block: `head` followed by `tail`.
     #[cfg(test)]
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let mut s = String::with_capacity(self.head.len() + self.tail.len());
         s.push_str(&self.head);
         s.push_str(self.tail);
@@ -101,21 +101,21 @@ pub fn render_text(contents: &Contents, listing_mime: Option<&str>) -> String {
 /// values have `& " < >` escaped and control characters (including `'\n'`)
 /// replaced by a space, so the opening tag is always one line.
 #[cfg(test)]
-pub fn render_block(resource: &Resource, contents: &Contents) -> RenderedBlock {
+pub(crate) fn render_block(resource: &Resource, contents: &Contents) -> RenderedBlock {
     let mut head = String::with_capacity(render_len_hint(contents));
     render_head_into(&mut head, resource, contents);
     RenderedBlock { id: resource.id.clone(), head, tail: CLOSE_TAG }
 }
 
 /// Roughly how many bytes [`render_head_into`] writes for these contents.
-pub fn render_len_hint(contents: &Contents) -> usize {
+pub(crate) fn render_len_hint(contents: &Contents) -> usize {
     text_len_hint(contents) + 128
 }
 
 /// Appends a block's head to `out` (which may already hold other text: the
 /// message being assembled in place): the one-line opening tag, the body,
 /// and a final newline. The closing tag is the block's tail, [`CLOSE_TAG`].
-pub fn render_head_into(out: &mut String, resource: &Resource, contents: &Contents) {
+pub(crate) fn render_head_into(out: &mut String, resource: &Resource, contents: &Contents) {
     out.push_str("<resource id=\"");
     push_attr(out, &resource.id.server);
     out.push(':');
@@ -144,7 +144,7 @@ pub fn render_head_into(out: &mut String, resource: &Resource, contents: &Conten
 /// The message content: `preamble`, a blank line, then the blocks separated
 /// by blank lines. No trailing newline.
 #[cfg(test)]
-pub fn assemble(preamble: &str, blocks: &[&str]) -> String {
+pub(crate) fn assemble(preamble: &str, blocks: &[&str]) -> String {
     let len = preamble.len() + blocks.iter().map(|b| b.len() + 2).sum::<usize>();
     let mut out = String::with_capacity(len);
     out.push_str(preamble);

@@ -8,8 +8,16 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::config::MessageRole;
-use crate::hub::ServerFailure;
 use crate::relevance::{ChunkReport, SelectMode};
+
+/// A server that could not be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ServerFailure {
+    /// The server name.
+    pub server: String,
+    /// What went wrong.
+    pub error: String,
+}
 
 /// Why a resource is not in the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

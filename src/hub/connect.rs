@@ -1,0 +1,380 @@
+//! Connecting to one server and supervising it: spawn a stdio server as the
+//! leader of its own process group (or dial an HTTP one), the `initialize`
+//! handshake, the explanation of a failed start (exit status, stderr tail,
+//! junk on stdout), reconnection with backoff when its process ended, and
+//! the bounded shutdown (close stdin, SIGTERM the group, SIGKILL it).
+
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
+use rmcp::model::{
+    ClientCapabilities, ClientConfig, Implementation, ProtocolVersion, ResourceUpdatedNotificationParam,
+};
+use rmcp::service::{NotificationContext, Peer, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use tokio::sync::broadcast;
+
+use super::convert::init_cause;
+use super::list::list_server;
+use super::server::{Backoff, Server};
+use super::{Hub, HubEvent, Shared};
+use crate::cause::redact_url;
+use crate::config::{ENV_ALLOWLIST, ServerConfig, Transport};
+use crate::error::{Error, Result};
+use crate::pipe::{ChildPipe, Diagnostics};
+
+/// How long a server may take to exit after its stdin closes, on `close()`.
+const EXIT_GRACE: Duration = Duration::from_millis(1500);
+/// How long after SIGTERM before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_millis(1000);
+/// Longest stderr line forwarded to tracing.
+const MAX_STDERR_LINE: usize = 4096;
+/// Last stderr lines of a server quoted when it fails to start.
+const STDERR_TAIL_LINES: usize = 8;
+/// Longest stderr line quoted when a server fails to start, in characters.
+const STDERR_TAIL_WIDTH: usize = 200;
+
+/// Our side of one connection (rmcp's client handler): it announces the
+/// pinned protocol and turns the server's notifications into hub events
+/// and re-list requests.
+#[derive(Clone)]
+pub(super) struct Host {
+    server: Arc<str>,
+    events: broadcast::Sender<HubEvent>,
+    relist: tokio::sync::mpsc::UnboundedSender<Arc<str>>,
+}
+
+impl ClientHandler for Host {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(ClientCapabilities::default(), Implementation::new("mcp-context", env!("CARGO_PKG_VERSION")))
+            .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _cx: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.events.send(HubEvent::Updated { server: self.server.to_string(), uri: params.uri });
+    }
+
+    async fn on_resource_list_changed(&self, _cx: NotificationContext<RoleClient>) {
+        let _ = self.relist.send(self.server.clone());
+    }
+}
+
+/// A live connection.
+pub(super) struct Live {
+    pub(super) peer: Peer<RoleClient>,
+    service: tokio::sync::Mutex<Option<RunningService<RoleClient, Host>>>,
+    /// Process group of a stdio server (its leader's pid).
+    pgid: Option<i32>,
+    pub(super) protocol: String,
+    pub(super) subscribe: bool,
+    pub(super) list_changed: bool,
+    pub(super) has_resources: bool,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.pgid {
+            // Synchronous and unconditional: the only kill that is certain to
+            // happen when a hub is dropped during runtime shutdown.
+            kill_group(pgid, libc::SIGKILL);
+        }
+    }
+}
+
+impl Hub {
+    /// The server's live connection; if its process ended (or it never
+    /// came up), reconnects, at most once per backoff period.
+    pub(super) async fn live(&self, server: &Server) -> Result<Arc<Live>> {
+        let usable = |s: &Server| s.state().usable().cloned();
+        if let Some(live) = usable(server) {
+            return Ok(live);
+        }
+        let unavailable = |cause: String| Error::ServerUnavailable { server: server.cfg.name.clone(), cause };
+        if self.shared.closed.load(Ordering::SeqCst) {
+            return Err(unavailable("the hub is closed".into()));
+        }
+        let mut backoff = server.restart.lock().await;
+        if let Some(live) = usable(server) {
+            return Ok(live); // another request reconnected while we waited
+        }
+        let last_error = server.state().error.clone().unwrap_or_else(|| "its process ended".into());
+        if let Some(t) = backoff.next_try
+            && tokio::time::Instant::now() < t
+        {
+            // The backoff is the hub's business; the caller needs the cause.
+            let wait = t - tokio::time::Instant::now();
+            tracing::debug!(server = %server.cfg.name, "next reconnect attempt in {} ms", wait.as_millis());
+            return Err(unavailable(last_error));
+        }
+        let old = server.take_live(false);
+        let was_up = old.is_some();
+        if let Some(old) = old {
+            tracing::warn!(server = %server.cfg.name, "connection lost; restarting");
+            Box::pin(shutdown(&old)).await;
+        }
+        // Boxed: a reconnect future is kilobytes, and it would otherwise be
+        // part of every read future (1000 pending reads, 6 MB, measured).
+        if Box::pin(connect_one(&self.shared, server, was_up)).await {
+            *backoff = Backoff::default();
+            let _ = self.shared.events.send(HubEvent::Restarted { server: server.cfg.name.clone() });
+            usable(server).ok_or_else(|| unavailable("connection closed right after restart".into()))
+        } else {
+            backoff.failed();
+            Err(unavailable(server.state().error.clone().unwrap_or(last_error)))
+        }
+    }
+}
+
+/// Connects (or reconnects) one server and lists it. Records the outcome;
+/// `restart`: it replaces a connection that was lost.
+pub(super) async fn connect_one(shared: &Shared, s: &Server, restart: bool) -> bool {
+    let host =
+        Host { server: s.cfg.name.as_str().into(), events: shared.events.clone(), relist: shared.relist_tx.clone() };
+    let started = std::time::Instant::now();
+    match connect_server(&s.cfg, host, shared.max_resource_bytes).await.map_err(|e| s.cfg.scrub(&e)) {
+        Ok(live) => {
+            let connected = started.elapsed();
+            let live = Arc::new(live);
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            // Usable at once (reads need no listing); the listing follows.
+            s.connected(live.clone(), ms(connected), restart);
+            let listing = list_server(&s.cfg, &live).await;
+            if s.listed(&live, listing, Some(ms(started.elapsed() - connected))) {
+                shared.generation.fetch_add(1, Ordering::SeqCst);
+            }
+            true
+        }
+        Err(e) => {
+            // Debug, not warn: the failure is returned (failures(), the
+            // report), and whoever shows it says it once.
+            tracing::debug!(server = %s.cfg.name, error = %e, "server unavailable");
+            s.failed(e);
+            false
+        }
+    }
+}
+
+pub(super) async fn shutdown(live: &Live) {
+    let service = live.service.lock().await.take();
+    if let Some(mut service) = service {
+        // close() closes stdin and waits for the loop to end; rmcp's own
+        // graceful shutdown would wait 3 s + 3 s, so bound it and finish the
+        // job on the process group ourselves.
+        let _ = tokio::time::timeout(EXIT_GRACE, service.close()).await;
+    }
+    if let Some(pgid) = live.pgid {
+        if group_alive(pgid) {
+            kill_group(pgid, libc::SIGTERM);
+            let deadline = tokio::time::Instant::now() + TERM_GRACE;
+            while group_alive(pgid) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        kill_group(pgid, libc::SIGKILL);
+    }
+}
+
+fn kill_group(pgid: i32, signal: i32) {
+    if pgid > 1 {
+        // SAFETY: kill(2) has no memory-safety preconditions; a negative pid
+        // addresses the process group we created for this server.
+        unsafe {
+            libc::kill(-pgid, signal);
+        }
+    }
+}
+
+fn group_alive(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    pgid > 1 && unsafe { libc::kill(-pgid, 0) } == 0
+}
+
+async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std::result::Result<Live, String> {
+    let timeout = cfg.timeout;
+    match &cfg.transport {
+        Transport::Stdio { command, command_display, args, env, inherit_env, cwd } => {
+            let mut cmd = tokio::process::Command::new(command);
+            cmd.args(args).env_clear();
+            for (k, v) in std::env::vars_os() {
+                let Some(k) = k.to_str() else { continue };
+                if ENV_ALLOWLIST.contains(&k) || inherit_env.iter().any(|n| n == k) {
+                    cmd.env(k, v);
+                }
+            }
+            cmd.envs(env);
+            if let Some(cwd) = cwd {
+                cmd.current_dir(cwd);
+            }
+            let mut wrapped = CommandWrap::from(cmd);
+            wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
+            wrapped.command_mut().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let mut child = wrapped.spawn().map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
+            let pgid = child.id().map(|p| p as i32);
+            let guard = GroupGuard(pgid);
+            let tail = Arc::new(StdMutex::new(std::collections::VecDeque::new()));
+            let drain = child.stderr().take().map(|e| tokio::spawn(drain_stderr(cfg.name.clone(), e, tail.clone())));
+            let diag = Diagnostics::new(&cfg.name);
+            let transport = ChildPipe::new(child, diag.clone(), max_text)
+                .map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
+            let failure = match tokio::time::timeout(timeout, host.serve(transport)).await {
+                Err(_) => format!("no answer to initialize within {} ms", timeout.as_millis()),
+                Ok(Err(e)) => match diag.exit_status() {
+                    Some(status) => format!("{} before answering initialize", describe_exit(status)),
+                    None if matches!(e, rmcp::service::ClientInitializeError::ConnectionClosed(_)) => {
+                        "closed its stdout before answering initialize".to_owned()
+                    }
+                    None => format!("initialize failed: {e}"),
+                },
+                Ok(Ok(s)) => {
+                    diag.connected();
+                    std::mem::forget(guard);
+                    return Ok(live_from(s, pgid).await);
+                }
+            };
+            // The process is gone or about to be killed: let its stderr
+            // reach EOF (a grandchild may hold it open, so bounded).
+            drop(guard);
+            if let Some(drain) = drain {
+                let _ = tokio::time::timeout(Duration::from_millis(300), drain).await;
+            }
+            Err(explain_start_failure(failure, diag.first_junk(), &tail))
+        }
+        Transport::Http { url, headers } => {
+            use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+            let mut map = std::collections::HashMap::new();
+            for (k, v) in headers {
+                let name =
+                    http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| format!("invalid header name `{k}`"))?;
+                let value = http::HeaderValue::from_str(v).map_err(|_| format!("invalid value for header `{k}`"))?;
+                map.insert(name, value);
+            }
+            let transport = StreamableHttpClientTransport::with_client(
+                crate::http::ReadStreamingClient::new(max_text),
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
+            );
+            let service = match tokio::time::timeout(timeout, host.serve(transport)).await {
+                Err(_) => {
+                    return Err(format!(
+                        "no answer to initialize from {} within {} ms",
+                        redact_url(url),
+                        timeout.as_millis()
+                    ));
+                }
+                Ok(Err(e)) => return Err(format!("cannot initialize {}: {}", redact_url(url), init_cause(&e))),
+                Ok(Ok(s)) => s,
+            };
+            Ok(live_from(service, None).await)
+        }
+    }
+}
+
+/// Kills a process group if connecting fails half-way.
+struct GroupGuard(Option<i32>);
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0 {
+            kill_group(p, libc::SIGKILL);
+        }
+    }
+}
+
+async fn live_from(service: RunningService<RoleClient, Host>, pgid: Option<i32>) -> Live {
+    let peer = service.peer().clone();
+    // Our own cache decides freshness; rmcp's would hide read errors behind
+    // stale answers.
+    peer.set_response_cache_config(rmcp::service::ClientCacheConfig::disabled()).await;
+    let info = peer.peer_info();
+    let caps = info.as_ref().and_then(|i| i.capabilities.resources.clone());
+    Live {
+        protocol: info.as_ref().map(|i| i.protocol_version.to_string()).unwrap_or_default(),
+        subscribe: caps.as_ref().and_then(|c| c.subscribe).unwrap_or(false),
+        list_changed: caps.as_ref().and_then(|c| c.list_changed).unwrap_or(false),
+        has_resources: caps.is_some(),
+        peer,
+        service: tokio::sync::Mutex::new(Some(service)),
+        pgid,
+    }
+}
+
+/// The last lines a server wrote on stderr, each cut to a readable width.
+type StderrTail = Arc<StdMutex<std::collections::VecDeque<String>>>;
+
+/// Forwards a server's stderr to tracing (debug) and keeps its last
+/// [`STDERR_TAIL_LINES`] lines, which explain a failed start (a Python
+/// traceback, "address in use", a missing module).
+async fn drain_stderr(server: String, stderr: tokio::process::ChildStderr, tail: StderrTail) {
+    use tokio::io::AsyncBufReadExt;
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let line = String::from_utf8_lossy(&buf[..buf.len().min(MAX_STDERR_LINE)]);
+                let line = line.trim_end();
+                tracing::debug!(target: "mcp_stderr", server = %server, "{line}");
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let mut kept: String =
+                    line.chars().filter(|c| !c.is_control() || *c == '\t').take(STDERR_TAIL_WIDTH).collect();
+                if line.chars().count() > STDERR_TAIL_WIDTH {
+                    kept.push('…');
+                }
+                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+                if tail.len() == STDERR_TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(kept);
+            }
+        }
+    }
+}
+
+/// "exited with status 1", "was killed by signal 9 (SIGKILL)".
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(sig)) => {
+            let name = match sig {
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGINT => " (SIGINT)",
+                _ => "",
+            };
+            format!("was killed by signal {sig}{name}")
+        }
+        _ => "exited".to_owned(),
+    }
+}
+
+/// A failed start in words: what happened, the first non-JSON line it
+/// wrote on stdout, and the last lines of its stderr (the caller scrubs
+/// secrets from the whole).
+fn explain_start_failure(what: String, junk: Option<String>, tail: &StderrTail) -> String {
+    let mut out = what;
+    if let Some(junk) = junk {
+        out.push_str(&format!("; it wrote non-JSON on stdout: {junk}"));
+    }
+    let tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+    if !tail.is_empty() {
+        out.push_str("; its stderr ends with:");
+        for line in tail.iter() {
+            out.push_str("\n    | ");
+            out.push_str(line);
+        }
+    }
+    out
+}

@@ -1,0 +1,154 @@
+//! Listing one server: `resources/list` and `resources/templates/list`,
+//! following `nextCursor` to the end (or to a stated reason it stopped),
+//! and the re-listing that `notifications/resources/list_changed` asks for.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rmcp::model::PaginatedRequestParams;
+use rmcp::service::ServiceError;
+
+use super::connect::Live;
+use super::convert::{convert_resource, convert_template, map_service_error};
+use super::{Hub, HubEvent, Shared};
+use crate::config::ServerConfig;
+use crate::resource::{Resource, ResourceTemplate};
+
+/// Most pages we follow in one listing before calling it incomplete.
+const MAX_LIST_PAGES: usize = 1000;
+
+/// What one server listed, replaced whole on every (re)listing so that
+/// readers (the gate, selections) hold one consistent listing.
+#[derive(Default)]
+pub(crate) struct Listing {
+    /// Shared so that selections hold pointers, not copies.
+    pub(crate) resources: Vec<Arc<Resource>>,
+    pub(crate) templates: Vec<ResourceTemplate>,
+    /// Every page was followed to the end.
+    pub(super) complete: bool,
+    /// Why the listing is incomplete (or the templates failed).
+    pub(super) problem: Option<String>,
+}
+
+/// Re-lists the servers that sent `list_changed`, a burst at a time, and
+/// tells subscribers (the cache) with [`HubEvent::ListChanged`]. Ends with
+/// the hub (it holds only a weak reference).
+pub(super) async fn relist_loop(
+    shared: std::sync::Weak<Shared>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Arc<str>>,
+) {
+    while let Some(first) = rx.recv().await {
+        // Coalesce a burst: wait a moment, then re-list each server named once.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut names: Vec<Arc<str>> = vec![first];
+        while let Ok(n) = rx.try_recv() {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+        let Some(shared) = shared.upgrade() else { return };
+        for name in names {
+            let hub = Hub { shared: shared.clone() };
+            if hub.relist(&name).await.is_ok() {
+                let _ = shared.events.send(HubEvent::ListChanged { server: name.to_string() });
+            }
+        }
+    }
+}
+
+/// Lists one connection's resources (duplicates by URI dropped) and
+/// templates. Never fails: what could not be listed is the listing's
+/// `problem`, and the rest is kept.
+pub(super) async fn list_server(cfg: &ServerConfig, live: &Live) -> Listing {
+    let mut listing = Listing { complete: true, ..Listing::default() };
+    if !live.has_resources {
+        listing.problem = None;
+        return listing;
+    }
+    let name = cfg.name.as_str();
+    let now = SystemTime::now();
+    let mut seen_uris = HashSet::new();
+    let r = paginate(cfg, "resources/list", |params| {
+        let peer = live.peer.clone();
+        async move { peer.list_resources(params).await.map(|p| (p.resources, p.next_cursor)) }
+    })
+    .await;
+    for r in r.items {
+        if seen_uris.insert(r.uri.clone()) {
+            listing.resources.push(Arc::new(convert_resource(name, r, now)));
+        }
+    }
+    if let Some(p) = r.problem {
+        listing.complete = false;
+        listing.problem = Some(p);
+    }
+    let t = paginate(cfg, "resources/templates/list", |params| {
+        let peer = live.peer.clone();
+        async move { peer.list_resource_templates(params).await.map(|p| (p.resource_templates, p.next_cursor)) }
+    })
+    .await;
+    listing.templates = t.items.into_iter().map(|t| convert_template(name, t)).collect();
+    if let Some(p) = t.problem
+        && !p.contains("-32601")
+    {
+        // A server without templates may answer "method not found": not a problem.
+        listing.problem.get_or_insert(p);
+    }
+    listing
+}
+
+struct Pages<T> {
+    items: Vec<T>,
+    problem: Option<String>,
+}
+
+/// Follows `nextCursor` until it is absent. An empty string is a cursor, not
+/// the end (spec, pagination). A repeated cursor or more than
+/// [`MAX_LIST_PAGES`] pages stops the walk and marks the listing incomplete.
+async fn paginate<T, F, Fut>(cfg: &ServerConfig, what: &str, mut fetch: F) -> Pages<T>
+where
+    F: FnMut(Option<PaginatedRequestParams>) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<(Vec<T>, Option<String>), ServiceError>>,
+{
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut seen = HashSet::new();
+    for page in 1..=MAX_LIST_PAGES {
+        let params = cursor.clone().map(|c| PaginatedRequestParams::default().with_cursor(Some(c)));
+        let result = tokio::time::timeout(cfg.timeout, fetch(params)).await;
+        let (batch, next) = match result {
+            Err(_) => {
+                return Pages {
+                    items,
+                    problem: Some(format!(
+                        "{what} incomplete: page {page} timed out after {} ms",
+                        cfg.timeout.as_millis()
+                    )),
+                };
+            }
+            Ok(Err(e)) => {
+                let e = cfg.scrub(&map_service_error(e, &cfg.name, what, None).to_string());
+                return Pages { items, problem: Some(format!("{what} incomplete: page {page} failed: {e}")) };
+            }
+            Ok(Ok(x)) => x,
+        };
+        items.extend(batch);
+        match next {
+            None => return Pages { items, problem: None },
+            Some(c) => {
+                if !seen.insert(c.clone()) {
+                    return Pages {
+                        items,
+                        problem: Some(format!(
+                            "{what} incomplete: the server repeated cursor {:?} on page {page}",
+                            c.chars().take(64).collect::<String>()
+                        )),
+                    };
+                }
+                cursor = Some(c);
+            }
+        }
+    }
+    Pages { items, problem: Some(format!("{what} incomplete: stopped after {MAX_LIST_PAGES} pages")) }
+}
