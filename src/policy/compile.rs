@@ -8,58 +8,97 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::glob::Pattern;
-use super::locate::Locator;
 use super::matching::{FIELDS, Grant, Index, Rule, RuleSet, UserEntry};
 use super::raw::{Include, MaxTokens, RawFile, RawRule};
 use super::{Effect, Policy, RuleRef};
 use crate::error::{Error, Result};
+use crate::yaml::{self, Lenient, Node, Pos, Problems};
 
+/// A load error for `path`, located when `at` is known.
 pub(super) fn policy_error(path: &Path, at: Option<(usize, usize)>, message: String) -> Error {
-    Error::Policy { path: path.to_path_buf(), line: at.map(|a| a.0), column: at.map(|a| a.1), message }
+    Error::Policy {
+        path: path.to_path_buf(),
+        line: at.map(|a| a.0),
+        column: at.map(|a| a.1),
+        message,
+        more: Vec::new(),
+    }
 }
 
-pub(super) fn parse_file(path: &Path, src: &str) -> Result<RawFile> {
-    serde_yaml::from_str::<RawFile>(src).map_err(|e| {
-        let mut at = e.location().map(|l| (l.line(), l.column()));
-        let mut message = e.to_string();
-        if let Some((line, column)) = at {
-            message = message.replacen(&format!(" at line {line} column {column}"), "", 1);
+/// Every problem found in a policy set, in file order and then by position.
+#[derive(Default)]
+pub(super) struct Found(Vec<(usize, Option<Pos>, String)>);
+
+impl Found {
+    pub(super) fn add(&mut self, file: usize, pos: Option<Pos>, message: String) {
+        self.0.push((file, pos, message));
+    }
+
+    /// One error: the first problem, with the others in `more`.
+    fn into_error(mut self, files: &[(PathBuf, String)]) -> Option<Error> {
+        self.0.sort_by_key(|(file, pos, _)| (*file, pos.map(|p| (p.line, p.column))));
+        self.0.dedup();
+        let mut errors = self
+            .0
+            .into_iter()
+            .map(|(file, pos, message)| policy_error(&files[file].0, pos.map(|p| (p.line, p.column)), message));
+        let mut first = errors.next()?;
+        if let Error::Policy { more, .. } = &mut first {
+            more.extend(errors);
         }
-        // serde blames the start of the mapping for a repeated key; point at the repeat.
-        if let Some((prefix, rest)) = message.split_once("duplicate field `")
-            && let Some((field, _)) = rest.split_once('`')
-            && !prefix.contains('[')
-        {
-            let mut path: Vec<&str> = prefix.trim_end_matches(": ").split('.').filter(|k| !k.is_empty()).collect();
-            path.push(field);
-            let loc = Locator::new(src);
-            at = loc.keys(&path).get(1).and_then(|&l| loc.position(l)).or(at);
+        Some(first)
+    }
+}
+
+/// The position of a role's or user's definition (its key).
+fn key_pos(root: &Node, section: &str, name: &str, nth: usize) -> Option<Pos> {
+    root.get(section).and_then(|s| s.key_at(name, nth)).map(|k| k.pos)
+}
+
+/// Parses one file into its tree and raw form, recording every problem;
+/// `None` when the text is not YAML at all.
+fn parse_file(file: usize, src: &str, found: &mut Found) -> Option<(Node, RawFile)> {
+    let root = match yaml::parse(src) {
+        Ok(root) => root.unwrap_or_else(Node::empty_map),
+        Err(mut e) => {
+            if e.message.contains("anchor") || e.message.contains("alias") {
+                e.message.push_str(" (a glob starting with `*` must be quoted: server: \"*\")");
+            }
+            found.add(file, e.pos, e.message);
+            return None;
         }
-        if message.contains("anchor") || message.contains("alias") {
-            message.push_str(" (a glob starting with `*` must be quoted: server: \"*\")");
-        }
-        policy_error(path, at, message)
-    })
+    };
+    let problems = Problems::default();
+    let raw = yaml::from_node::<RawFile>(&root, &problems);
+    let mut problems = problems.into_vec();
+    if let Err(e) = &raw
+        && problems.is_empty()
+    {
+        problems.push(e.clone());
+    }
+    for p in problems {
+        found.add(file, p.pos, p.message);
+    }
+    Some((root, raw.unwrap_or_default()))
 }
 
 /// Merges and compiles files already read: `(path, text)` in merge order.
+/// Every problem is collected; any makes the load fail, with all of them.
 pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
+    let mut found = Found::default();
     let mut default_roles: Option<(Vec<String>, usize)> = None;
     let mut roles: BTreeMap<String, (Arc<Grant>, usize)> = BTreeMap::new();
     let mut users: BTreeMap<String, (UserEntry, usize)> = BTreeMap::new();
+    let mut trees: Vec<Option<Node>> = Vec::with_capacity(files.len());
+    // Role names are only checked when every `roles:` section could be read.
+    let mut roles_complete = true;
     let mut servers = Index::default();
     for (i, (path, text)) in files.iter().enumerate() {
-        let raw = parse_file(path, text)?;
-        let loc = Locator::new(text);
-        let (role_entries, user_entries) = (loc.entries("roles"), loc.entries("users"));
-        for (section, dup) in [("roles", &raw.roles.duplicate), ("users", &raw.users.duplicate)] {
-            if let Some(name) = dup {
-                let at = loc.keys(&[section, name]).get(1).and_then(|&l| loc.position(l));
-                let what = &section[..section.len() - 1];
-                let msg = format!("{what} `{name}` is defined twice in this file; keep one definition");
-                return Err(policy_error(path, at, msg));
-            }
-        }
+        let Some((root, raw)) = parse_file(i, text, &mut found) else {
+            trees.push(None);
+            roles_complete = false;
+            continue;
+        };
         if let Some(new) = raw.default_roles {
             match &default_roles {
                 Some((old, j)) if *old != new => {
@@ -69,68 +108,82 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
                         old.join(", "),
                         files[*j].0.display()
                     );
-                    return Err(policy_error(path, loc.key(&["default_roles"]), msg));
+                    found.add(i, root.key_at("default_roles", 0).map(|k| k.pos), msg);
                 }
                 Some(_) => {}
                 None => default_roles = Some((new, i)),
             }
         }
-        for (name, role) in raw.roles.items {
+        roles_complete &= raw.roles.0.is_some() || root.get("roles").is_none();
+        for (name, role) in raw.roles.0.unwrap_or_default().0 {
             if let Some((_, j)) = roles.get(&name) {
                 let msg = format!(
                     "role `{name}` is already defined in {}; define each role in one file only",
                     files[*j].0.display()
                 );
-                return Err(policy_error(path, loc.key(&["roles", &name]), msg));
+                found.add(i, key_pos(&root, "roles", &name, 0), msg);
+                continue;
             }
-            let body = role_entries.get(name.as_str()).copied();
-            let owner = Owner { path, loc: &loc, section: "roles", name: &name, body };
-            let grant = owner.grant(role.allow, role.deny, role.max_tokens, role.include, &mut servers)?;
+            // A role that could not be read is still defined (its problems are recorded).
+            let role = role.0.flatten().unwrap_or_default();
+            let body = root.at(&["roles", &name]);
+            let owner = Owner { path, file: i, section: "roles", name: &name, body };
+            let grant = owner.grant(role.allow, role.deny, role.max_tokens, role.include, &mut servers, &mut found);
             roles.insert(name, (Arc::new(grant), i));
         }
-        for (name, user) in raw.users.items {
+        for (name, user) in raw.users.0.unwrap_or_default().0 {
             if let Some((_, j)) = users.get(&name) {
                 let msg = format!(
                     "user `{name}` is already defined in {}; define each user in one file only",
                     files[*j].0.display()
                 );
-                return Err(policy_error(path, loc.key(&["users", &name]), msg));
+                found.add(i, key_pos(&root, "users", &name, 0), msg);
+                continue;
             }
-            let body = user_entries.get(name.as_str()).copied();
-            let owner = Owner { path, loc: &loc, section: "users", name: &name, body };
-            let own = owner.grant(user.allow, user.deny, user.max_tokens, user.include, &mut servers)?;
+            let user = user.0.flatten().unwrap_or_default();
+            let body = root.at(&["users", &name]);
+            let owner = Owner { path, file: i, section: "users", name: &name, body };
+            let own = owner.grant(user.allow, user.deny, user.max_tokens, user.include, &mut servers, &mut found);
             users.insert(name, (UserEntry { roles: dedup(user.roles), own: Arc::new(own) }, i));
         }
+        trees.push(Some(root));
     }
 
     // Every role referenced must exist: a typo must not silently grant nothing
     // (or, worse, be "fixed" later by someone defining a role of that name).
     let defined = || roles.keys().cloned().collect::<Vec<_>>().join(", ");
-    for (name, (entry, i)) in &users {
-        if let Some(missing) = entry.roles.iter().find(|r| !roles.contains_key(*r)) {
-            let (path, text) = &files[*i];
-            let at = Locator::new(text).value(&["users", name, "roles"], missing);
-            let msg = format!(
-                "user `{name}` has role `{missing}`, which no policy file defines (defined: {}); \
-                 define it under `roles:` or fix the name",
-                defined()
-            );
-            return Err(policy_error(path, at, msg));
+    let value_pos = |i: usize, path: &[&str], value: &str| {
+        let list = trees[i].as_ref().and_then(|root| root.at(path))?;
+        list.items().iter().find(|n| n.as_str() == Some(value)).or(Some(list)).map(|n| n.pos)
+    };
+    if roles_complete {
+        for (name, (entry, i)) in &users {
+            for missing in entry.roles.iter().filter(|r| !roles.contains_key(*r)) {
+                let msg = format!(
+                    "user `{name}` has role `{missing}`, which no policy file defines (defined: {}); \
+                     define it under `roles:` or fix the name",
+                    defined()
+                );
+                found.add(*i, value_pos(*i, &["users", name, "roles"], missing), msg);
+            }
         }
     }
     let (default_roles, i) = default_roles.unwrap_or_default();
-    if let Some(missing) = default_roles.iter().find(|r| !roles.contains_key(*r)) {
-        let (path, text) = &files[i];
-        let at = Locator::new(text).value(&["default_roles"], missing);
-        let msg = format!(
-            "default_roles names `{missing}`, which no policy file defines (defined: {}); \
-             define it under `roles:` or fix the name",
-            defined()
-        );
-        return Err(policy_error(path, at, msg));
+    if roles_complete {
+        for missing in default_roles.iter().filter(|r| !roles.contains_key(*r)) {
+            let msg = format!(
+                "default_roles names `{missing}`, which no policy file defines (defined: {}); \
+                 define it under `roles:` or fix the name",
+                defined()
+            );
+            found.add(i, value_pos(i, &["default_roles"], missing), msg);
+        }
     }
     if let Err(e) = servers.finish() {
-        return Err(policy_error(&files.first().map(|f| f.0.clone()).unwrap_or_default(), None, e));
+        found.add(0, None, e);
+    }
+    if let Some(e) = found.into_error(files) {
+        return Err(e);
     }
     Ok(Policy {
         files: files.iter().map(|(p, _)| p.clone()).collect(),
@@ -150,44 +203,48 @@ pub(super) fn dedup<T: Eq + std::hash::Hash + Clone>(v: Vec<T>) -> Vec<T> {
 /// A role or user being compiled, with what is needed to locate its rules.
 pub(super) struct Owner<'a> {
     pub(super) path: &'a Path,
-    pub(super) loc: &'a Locator<'a>,
+    /// Its file's number, for problems.
+    pub(super) file: usize,
     pub(super) section: &'a str,
     pub(super) name: &'a str,
-    /// The lines of its definition (see [`Locator::entries`]).
-    pub(super) body: Option<(usize, usize)>,
+    /// Its definition in the file's tree.
+    pub(super) body: Option<&'a Node>,
 }
 
 impl Owner<'_> {
+    /// Compiles what could be read; the parts that could not were recorded
+    /// as problems already, and the load fails.
     pub(super) fn grant(
         &self,
-        allow: Vec<RawRule>,
-        deny: Vec<RawRule>,
-        max: Option<MaxTokens>,
-        include: Vec<Include>,
+        allow: Vec<Lenient<RawRule>>,
+        deny: Vec<Lenient<RawRule>>,
+        max: Option<Lenient<MaxTokens>>,
+        include: Vec<Lenient<Include>>,
         servers: &mut Index,
-    ) -> Result<Grant> {
-        Ok(Grant {
-            allow: self.rules(allow, Effect::Allow, servers)?,
-            deny: self.rules(deny, Effect::Deny, servers)?,
-            max_tokens: max.map(|m| m.0),
-            includes: include,
+        found: &mut Found,
+    ) -> Grant {
+        Grant {
+            allow: self.rules(allow, Effect::Allow, servers, found),
+            deny: self.rules(deny, Effect::Deny, servers, found),
+            max_tokens: max.and_then(|m| m.0).map(|m| m.0),
+            includes: include.into_iter().filter_map(|i| i.0).collect(),
             ..Grant::default()
-        })
+        }
     }
 
-    pub(super) fn rules(&self, raw: Vec<RawRule>, effect: Effect, servers: &mut Index) -> Result<RuleSet> {
+    fn rules(&self, raw: Vec<Lenient<RawRule>>, effect: Effect, servers: &mut Index, found: &mut Found) -> RuleSet {
         let key = effect.to_string();
-        // 0-based line of `allow:` / `deny:` in this owner's definition.
-        let key_line = self.body.and_then(|(from, to)| self.loc.keys_in(from, to, &[&key]).first().copied());
-        let items = key_line.map(|l| self.loc.items(l)).unwrap_or_default();
+        let list = self.body.and_then(|b| b.get(&key));
+        let items = list.map_or(&[][..], |l| l.items());
         let owner = format!("{} {}", &self.section[..self.section.len() - 1], self.name);
         let rules = raw
             .into_iter()
             .enumerate()
+            .filter_map(|(index, r)| Some((index, r.0?)))
             .map(|(index, r)| {
                 let reference = RuleRef {
                     file: self.path.to_path_buf(),
-                    line: key_line.map(|l| items.get(index).copied().unwrap_or(l) + 1),
+                    line: items.get(index).or(list).map(|n| n.pos.line),
                     owner: owner.clone(),
                     effect,
                     index,
@@ -203,9 +260,10 @@ impl Owner<'_> {
                 }
             })
             .collect();
-        RuleSet::new(rules, servers).map_err(|e| {
-            let at = key_line.and_then(|l| self.loc.position(l));
-            policy_error(self.path, at, format!("{owner} {key}: {e}"))
+        RuleSet::new(rules, servers).unwrap_or_else(|e| {
+            let at = self.body.and_then(|b| b.key_at(&key, 0)).map(|k| k.pos);
+            found.add(self.file, at, format!("{owner} {key}: {e}"));
+            RuleSet::default()
         })
     }
 }

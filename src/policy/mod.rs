@@ -65,13 +65,12 @@
 //! * `glob`: the glob dialect and its rewrite to globset;
 //! * `raw`: the file form, as serde reads it;
 //! * `compile`: loading files, merging them, validating and compiling a
-//!   policy set;
-//! * `locate`: finding the lines of YAML keys and values for errors and rule
-//!   references.
+//!   policy set, collecting every problem;
+//! * YAML errors and rule lines are located by `crate::yaml`, shared with
+//!   the config: positions come from the YAML parser, whatever the layout.
 
 mod compile;
 mod glob;
-mod locate;
 mod matching;
 mod raw;
 
@@ -154,7 +153,7 @@ pub enum Effect {
 pub struct RuleRef {
     /// The policy file holding the rule.
     pub file: PathBuf,
-    /// 1-based line of the rule (best effort; `None` if it could not be found).
+    /// 1-based line of the rule (`None` for rules not read from a file).
     pub line: Option<usize>,
     /// `role NAME` or `user NAME`.
     pub owner: String,

@@ -1,18 +1,20 @@
-//! The file form of a policy, deserialized straight from the text so that
-//! the YAML parser reports line and column. Patterns, includes and budgets
-//! are validated while deserializing, so their errors point at the
-//! offending value.
+//! The file form of a policy, deserialized from the located YAML tree
+//! (`crate::yaml`) so that every error has a line and column. Patterns,
+//! includes and budgets are validated while deserializing, so their errors
+//! point at the offending value. Roles, users, rules, includes and budgets
+//! are [`Lenient`] parts: a bad one is recorded and the rest still read, so
+//! one load reports every problem.
 
-use std::collections::HashSet;
 use std::fmt;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::{self, Deserializer, Visitor};
 
 use super::USER_PLACEHOLDER;
 use super::glob::Pattern;
 use crate::error::{Error, quote};
 use crate::id::ResourceId;
+use crate::yaml::{Lenient, Named, OrderedMap};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, expecting = "a policy: a mapping with default_roles, roles and users")]
@@ -20,22 +22,22 @@ pub(super) struct RawFile {
     #[serde(default)]
     pub(super) default_roles: Option<Vec<String>>,
     #[serde(default)]
-    pub(super) roles: Entries<RawRole>,
+    pub(super) roles: Lenient<OrderedMap<Lenient<Option<RawRole>>>>,
     #[serde(default)]
-    pub(super) users: Entries<RawUser>,
+    pub(super) users: Lenient<OrderedMap<Lenient<Option<RawUser>>>>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, expecting = "a role: a mapping with allow, deny, max_tokens, include")]
 pub(super) struct RawRole {
     #[serde(default, deserialize_with = "null_as_default")]
-    pub(super) allow: Vec<RawRule>,
+    pub(super) allow: Vec<Lenient<RawRule>>,
     #[serde(default, deserialize_with = "null_as_default")]
-    pub(super) deny: Vec<RawRule>,
+    pub(super) deny: Vec<Lenient<RawRule>>,
     #[serde(default)]
-    pub(super) max_tokens: Option<MaxTokens>,
+    pub(super) max_tokens: Option<Lenient<MaxTokens>>,
     #[serde(default, deserialize_with = "null_as_default")]
-    pub(super) include: Vec<Include>,
+    pub(super) include: Vec<Lenient<Include>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -44,13 +46,13 @@ pub(super) struct RawUser {
     #[serde(default, deserialize_with = "null_as_default")]
     pub(super) roles: Vec<String>,
     #[serde(default, deserialize_with = "null_as_default")]
-    pub(super) allow: Vec<RawRule>,
+    pub(super) allow: Vec<Lenient<RawRule>>,
     #[serde(default, deserialize_with = "null_as_default")]
-    pub(super) deny: Vec<RawRule>,
+    pub(super) deny: Vec<Lenient<RawRule>>,
     #[serde(default)]
-    pub(super) max_tokens: Option<MaxTokens>,
+    pub(super) max_tokens: Option<Lenient<MaxTokens>>,
     #[serde(default, deserialize_with = "null_as_default")]
-    pub(super) include: Vec<Include>,
+    pub(super) include: Vec<Lenient<Include>>,
 }
 
 #[derive(Deserialize)]
@@ -70,19 +72,6 @@ pub(super) struct MimePattern(pub(super) Pattern);
 /// `max_tokens`, at least 1.
 pub(super) struct MaxTokens(pub(super) usize);
 
-/// A YAML mapping kept in file order, remembering the first duplicate key
-/// (serde's maps silently keep the last, which would hide a mistake).
-pub(super) struct Entries<T> {
-    pub(super) items: Vec<(String, T)>,
-    pub(super) duplicate: Option<String>,
-}
-
-impl<T> Default for Entries<T> {
-    fn default() -> Self {
-        Entries { items: Vec::new(), duplicate: None }
-    }
-}
-
 /// Lets `key:` with no value mean "empty" rather than a type error.
 pub(super) fn null_as_default<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
 where
@@ -92,32 +81,12 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Entries<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V<T>(std::marker::PhantomData<T>);
-        impl<'de, T: Deserialize<'de> + Default> Visitor<'de> for V<T> {
-            type Value = Entries<T>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a mapping of names to definitions")
-            }
-            fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
-                Ok(Entries::default())
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
-                let mut out = Entries::default();
-                let mut seen = HashSet::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    let value = map.next_value::<Option<T>>()?.unwrap_or_default();
-                    if out.duplicate.is_none() && !seen.insert(key.clone()) {
-                        out.duplicate = Some(key.clone());
-                    }
-                    out.items.push((key, value));
-                }
-                Ok(out)
-            }
-        }
-        d.deserialize_map(V(std::marker::PhantomData))
-    }
+impl Named for RawRole {
+    const NOUN: &'static str = "role";
+}
+
+impl Named for RawUser {
+    const NOUN: &'static str = "user";
 }
 
 impl<'de> Deserialize<'de> for Pattern {
@@ -146,7 +115,7 @@ impl Visitor<'_> for PatternVisitor {
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a glob pattern string")
     }
-    // Validating inside the visitor makes serde_yaml blame the scalar's position.
+    // Validating inside the visitor makes the error point at the scalar.
     fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Pattern, E> {
         (self.0)(v).map_err(E::custom)
     }

@@ -237,10 +237,12 @@ fn rule_lines_in_common_layouts() {
     assert_eq!(line(Effect::Deny, "user u", 0), Some(15));
     let d = u.decide(&res_mime("x:b", "x/y"));
     assert_eq!(d.rule.unwrap().to_string(), "p.yaml:15: user u deny[0] { mime: \"x/*\" }");
-    // Flow style everywhere: no line, but still a reference.
+    // Flow style everywhere: the line comes from the parser too.
     let p = policy("{roles: {r: {allow: [{uri: a}]}}, users: {u: {roles: [r]}}}");
     let d = p.for_user("u").decide(&res("s:a"));
-    assert_eq!(d.rule.unwrap().to_string(), "p.yaml: role r allow[0] { uri: \"a\" }");
+    assert_eq!(d.rule.unwrap().to_string(), "p.yaml:1: role r allow[0] { uri: \"a\" }");
+    let p = policy("{roles: {r: {allow: [{uri: a},\n  {uri: b}]}},\n users: {u: {roles: [r]}}}");
+    assert_eq!(p.for_user("u").decide(&res("s:b")).rule.unwrap().line, Some(2));
 }
 
 #[test]
@@ -332,6 +334,119 @@ fn bad_include_and_zero_budget_point_at_the_value() {
     let (line, _, msg, _) = load_err("users:\n  u:\n    max_tokens: lots\n");
     assert_eq!(line, Some(3));
     assert!(msg.contains("positive number"), "{msg}");
+}
+
+/// Every problem of a load: (line, column, message) of the first and of `more`.
+fn all_errs(e: Error) -> Vec<(Option<usize>, Option<usize>, String)> {
+    match e {
+        Error::Policy { line, column, message, more, .. } => std::iter::once((line, column, message))
+            .chain(more.into_iter().map(|e| {
+                let (l, c, m, _) = err_of(e);
+                (l, c, m)
+            }))
+            .collect(),
+        other => panic!("not a policy error: {other}"),
+    }
+}
+
+#[test]
+fn all_policy_errors_reported_at_once() {
+    let src = "\
+roles:
+  a:
+    allow:
+      - { uri: \"[abc\" }
+      - { uri: ok }
+      - { server: x, uri: \"a/**/**/**/**/**\" }
+  b:
+    alow: []
+  c:
+    max_tokens: 0
+users:
+  u:
+    roles: [a, ghost]
+    include: [\"no-colon\"]
+  v: { roles: [b, nope], deny: [{ url: x }] }
+  u: {}
+default_roles: [missing]
+";
+    let e = Policy::from_yaml(src, Path::new("bad.yaml")).expect_err("should fail");
+    let shown = e.to_string();
+    let all = all_errs(e);
+    let at: Vec<(Option<usize>, Option<usize>)> = all.iter().map(|(l, c, _)| (*l, *c)).collect();
+    assert_eq!(
+        at,
+        [
+            (Some(4), Some(16)),
+            (Some(6), Some(27)),
+            (Some(8), Some(5)),
+            (Some(10), Some(17)),
+            (Some(14), Some(15)),
+            (Some(15), Some(35)),
+            (Some(16), Some(3)),
+            (Some(17), Some(17)),
+        ],
+        "{shown}"
+    );
+    let messages: Vec<&str> = all.iter().map(|(_, _, m)| m.as_str()).collect();
+    for (i, needle) in [
+        "invalid glob `[abc`",
+        "at most 4",
+        "unknown field `alow`",
+        "at least 1",
+        "invalid include `no-colon`",
+        "unknown field `url`",
+        "user `u` is defined twice",
+        "`missing`",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert!(messages[i].contains(needle), "{i}: {needle} in {}", messages[i]);
+    }
+    // One problem per line, each with file:line:col.
+    assert_eq!(shown.lines().count(), 8, "{shown}");
+    assert!(shown.lines().all(|l| l.starts_with("bad.yaml:")), "{shown}");
+
+    // Without the repeated user, the undefined roles are found too.
+    let src = src.replace("  u: {}\n", "");
+    let all = all_errs(Policy::from_yaml(&src, Path::new("bad.yaml")).expect_err("should fail"));
+    let find = |needle: &str| all.iter().find(|(_, _, m)| m.contains(needle)).map(|(l, c, _)| (*l, *c));
+    assert_eq!(find("`ghost`"), Some((Some(13), Some(16))), "{all:?}");
+    assert_eq!(find("`nope`"), Some((Some(15), Some(19))), "{all:?}");
+    assert_eq!(find("invalid include `no-colon`"), Some((Some(14), Some(15))), "{all:?}");
+    assert_eq!(find("unknown field `url`"), Some((Some(15), Some(35))), "{all:?}");
+
+    // Problems in several files: each names its own file, in merge order.
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", "roles:\n  r:\n    allow: [{ uri: \"[x\" }]\n");
+    write(dir.path(), "b.yaml", "users:\n  u: { roles: [r], max_tokens: 0 }\n");
+    let shown = Policy::load(dir.path()).err().unwrap().to_string();
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), 2, "{shown}");
+    assert!(lines[0].contains("a.yaml:3:20:") && lines[1].contains("b.yaml:2:32:"), "{shown}");
+}
+
+#[test]
+fn error_positions_in_flow_style_and_with_short_names() {
+    // All on one line: each problem at its own column.
+    let src = "{roles: {r: {allow: [{uri: \"[abc\"}]}, s: {max_tokens: 0}}, users: {u: {roles: [r, g]}}}";
+    let all = all_errs(Policy::from_yaml(src, Path::new("bad.yaml")).expect_err("should fail"));
+    let col = |needle: &str| Some(src.find(needle).unwrap() + 1);
+    let at: Vec<(Option<usize>, Option<usize>)> = all.iter().map(|(l, c, _)| (*l, *c)).collect();
+    assert_eq!(at, [(Some(1), col("\"[abc")), (Some(1), col("0}")), (Some(1), col("g]"))], "{all:?}");
+    // A short role name that occurs earlier inside longer names.
+    let (line, col, msg, _) = load_err("roles:\n  admin: {}\n  ab: {}\nusers:\n  a:\n    roles: [admin, ab, a]\n");
+    assert_eq!((line, col), (Some(6), Some(24)));
+    assert!(msg.contains("role `a`"), "{msg}");
+    // A short user name defined twice: the repeat, not the first `a` in the text.
+    let (line, col, msg, _) = load_err("users:\n  ab: {}\n  a: {}\n  b: {}\n  a: {}\n");
+    assert_eq!((line, col), (Some(5), Some(3)));
+    assert!(msg.contains("user `a` is defined twice"), "{msg}");
+    // Repeated keys in flow style.
+    let (line, col, msg, _) = load_err("{roles: {r: {allow: [], deny: [], allow: []}}}");
+    assert_eq!((line, col), (Some(1), Some(35)));
+    assert!(msg.contains("duplicate field `allow`"), "{msg}");
 }
 
 #[test]
