@@ -18,6 +18,7 @@
 //! nothing are null; `true`/`false`, decimal, `0x`, `0o`, `0b` integers and
 //! floats are what they look like when a number or a bool is expected.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
@@ -38,54 +39,56 @@ pub(crate) struct Pos {
     pub column: usize,
 }
 
-/// One node of the tree, with where it starts in the text.
+/// One node of the tree, with where it starts in the text. Scalars borrow
+/// their text from the source when it is written as is (most are), so a
+/// large policy's tree costs little beyond the text.
 #[derive(Clone, Debug)]
-pub(crate) struct Node {
+pub(crate) struct Node<'a> {
     /// Where its first character is (for a block mapping or list, its first key or `-`).
     pub pos: Pos,
     /// Byte offsets of its text: `src[start..end]`.
-    pub start: usize,
+    pub start: u32,
     /// See `start`.
-    pub end: usize,
+    pub end: u32,
     /// What it is.
-    pub kind: Kind,
+    pub kind: Kind<'a>,
 }
 
 /// A node's content.
 #[derive(Clone, Debug)]
-pub(crate) enum Kind {
+pub(crate) enum Kind<'a> {
     /// A scalar; `plain` when unquoted (only plain scalars can be null, bool or number).
     Scalar {
         /// The value, escapes and folding applied.
-        value: Box<str>,
+        value: Cow<'a, str>,
         /// Written without quotes or block indicators.
         plain: bool,
     },
     /// A list.
-    Seq(Vec<Node>),
+    Seq(Vec<Node<'a>>),
     /// A mapping, in file order, repeated keys kept (the deserializer decides).
-    Map(Vec<(Node, Node)>),
+    Map(Vec<(Node<'a>, Node<'a>)>),
 }
 
-impl Node {
+impl<'a> Node<'a> {
     /// An empty mapping, what an empty document means.
-    pub(crate) fn empty_map() -> Node {
+    pub(crate) fn empty_map() -> Node<'a> {
         Node { pos: Pos { line: 1, column: 1 }, start: 0, end: 0, kind: Kind::Map(Vec::new()) }
     }
 
     /// The value of the first entry with this key, if this is a mapping.
-    pub(crate) fn get(&self, key: &str) -> Option<&Node> {
+    pub(crate) fn get(&self, key: &str) -> Option<&Node<'a>> {
         self.entries().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v)
     }
 
     /// The key node of the `nth` (from 0) entry with this key.
-    pub(crate) fn key_at(&self, key: &str, nth: usize) -> Option<&Node> {
+    pub(crate) fn key_at(&self, key: &str, nth: usize) -> Option<&Node<'a>> {
         self.entries().filter(|(k, _)| k.as_str() == Some(key)).nth(nth).map(|(k, _)| k)
     }
 
     /// The entries of a mapping (none for anything else).
-    pub(crate) fn entries(&self) -> impl Iterator<Item = (&Node, &Node)> {
-        let entries: &[(Node, Node)] = match &self.kind {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&Node<'a>, &Node<'a>)> {
+        let entries: &[(Node<'a>, Node<'a>)] = match &self.kind {
             Kind::Map(m) => m,
             _ => &[],
         };
@@ -93,7 +96,7 @@ impl Node {
     }
 
     /// The items of a list (none for anything else).
-    pub(crate) fn items(&self) -> &[Node] {
+    pub(crate) fn items(&self) -> &[Node<'a>] {
         match &self.kind {
             Kind::Seq(s) => s,
             _ => &[],
@@ -101,7 +104,7 @@ impl Node {
     }
 
     /// The node at a path of mapping keys.
-    pub(crate) fn at(&self, path: &[&str]) -> Option<&Node> {
+    pub(crate) fn at(&self, path: &[&str]) -> Option<&Node<'a>> {
         path.iter().try_fold(self, |n, k| n.get(k))
     }
 
@@ -144,10 +147,11 @@ impl Node {
 }
 
 /// Where `needle` first occurs in `src` within the node's text, else the node's position.
-pub(crate) fn pos_within(src: &str, node: &Node, needle: &str) -> Pos {
-    let text = src.get(node.start..node.end.max(node.start)).unwrap_or("");
+pub(crate) fn pos_within(src: &str, node: &Node<'_>, needle: &str) -> Pos {
+    let (start, end) = (node.start as usize, node.end as usize);
+    let text = src.get(start..end.max(start)).unwrap_or("");
     match text.find(needle) {
-        Some(at) => pos_of(src, node.start + at),
+        Some(at) => pos_of(src, start + at),
         None => node.pos,
     }
 }
@@ -170,7 +174,7 @@ pub(crate) struct Problem {
 
 /// Parses one YAML document; `None` when the text holds none (empty, or
 /// only comments).
-pub(crate) fn parse(src: &str) -> Result<Option<Node>, Problem> {
+pub(crate) fn parse(src: &str) -> Result<Option<Node<'_>>, Problem> {
     Parser::new(src).document()
 }
 
@@ -182,19 +186,19 @@ pub(crate) fn parse(src: &str) -> Result<Option<Node>, Problem> {
 struct Parser<'a> {
     sys: Box<MaybeUninit<sys::yaml_parser_t>>,
     src: &'a str,
-    anchors: Vec<(Box<[u8]>, Node)>,
+    anchors: Vec<(Box<[u8]>, Node<'a>)>,
     /// Nodes made so far, aliases expanded: capped so that a few aliases of
     /// aliases cannot expand into billions of nodes.
     made: usize,
 }
 
 /// One event, copied out of the parser.
-enum Event {
+enum Event<'a> {
     StreamEnd,
     DocumentStart,
     DocumentEnd,
     Alias(Box<[u8]>),
-    Scalar { value: Box<str>, plain: bool, anchor: Option<Box<[u8]>>, tagged: bool },
+    Scalar { value: Cow<'a, str>, plain: bool, anchor: Option<Box<[u8]>>, tagged: bool },
     SeqStart { anchor: Option<Box<[u8]>>, tagged: bool },
     SeqEnd,
     MapStart { anchor: Option<Box<[u8]>>, tagged: bool },
@@ -203,11 +207,11 @@ enum Event {
 }
 
 /// A node being built: its start and what it has so far.
-struct Open {
+struct Open<'a> {
     pos: Pos,
-    start: usize,
+    start: u32,
     anchor: Option<Box<[u8]>>,
-    items: Vec<Node>,
+    items: Vec<Node<'a>>,
     map: bool,
 }
 
@@ -272,7 +276,7 @@ impl<'a> Parser<'a> {
         Problem { pos, message }
     }
 
-    fn next(&mut self) -> Result<(Event, sys::yaml_mark_t, sys::yaml_mark_t), Problem> {
+    fn next(&mut self) -> Result<(Event<'a>, sys::yaml_mark_t, sys::yaml_mark_t), Problem> {
         let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
         // SAFETY: the parser is initialised; a parsed event is read, copied
         // and deleted before the next call.
@@ -290,8 +294,18 @@ impl<'a> Parser<'a> {
                 sys::YAML_SCALAR_EVENT => {
                     let s = &ev.data.scalar;
                     let bytes = std::slice::from_raw_parts(s.value, s.length as usize);
+                    // Borrow the text when the source holds it as is (plain, or inside quotes).
+                    let (from, to) = (ev.start_mark.index as usize, ev.end_mark.index as usize);
+                    let src = self.src.as_bytes();
+                    let value = if src.get(from..to) == Some(bytes) {
+                        Cow::Borrowed(&self.src[from..to])
+                    } else if to > from + 1 && src.get(from + 1..to - 1) == Some(bytes) {
+                        Cow::Borrowed(&self.src[from + 1..to - 1])
+                    } else {
+                        Cow::Owned(String::from_utf8_lossy(bytes).into_owned())
+                    };
                     Event::Scalar {
-                        value: String::from_utf8_lossy(bytes).into(),
+                        value,
                         plain: s.style == sys::YAML_PLAIN_SCALAR_STYLE,
                         anchor: c_bytes(s.anchor),
                         tagged: !s.tag.is_null(),
@@ -315,7 +329,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn document(mut self) -> Result<Option<Node>, Problem> {
+    fn document(mut self) -> Result<Option<Node<'a>>, Problem> {
         let mut root = None;
         let mut documents = 0;
         loop {
@@ -338,8 +352,8 @@ impl<'a> Parser<'a> {
     }
 
     /// Reads one whole node (the events up to its end).
-    fn node(&mut self) -> Result<Node, Problem> {
-        let mut stack: Vec<Open> = Vec::new();
+    fn node(&mut self) -> Result<Node<'a>, Problem> {
+        let mut stack: Vec<Open<'a>> = Vec::new();
         loop {
             let (event, start, end) = self.next()?;
             let pos = pos_of_mark(&start);
@@ -355,8 +369,8 @@ impl<'a> Parser<'a> {
                 Event::Scalar { value, plain, anchor, .. } => {
                     let node = Node {
                         pos,
-                        start: start.index as usize,
-                        end: end.index as usize,
+                        start: start.index as u32,
+                        end: end.index as u32,
                         kind: Kind::Scalar { value, plain },
                     };
                     self.anchor(anchor, &node);
@@ -369,7 +383,7 @@ impl<'a> Parser<'a> {
                         if self.made > 4 * self.src.len() + 1024 {
                             return Err(Problem { pos: Some(pos), message: "aliases expand to too many nodes".into() });
                         }
-                        Node { pos, start: start.index as usize, end: end.index as usize, ..node }
+                        Node { pos, start: start.index as u32, end: end.index as u32, ..node }
                     }
                     None => {
                         return Err(Problem {
@@ -388,22 +402,24 @@ impl<'a> Parser<'a> {
                             message: format!("nested more than {MAX_DEPTH} levels deep"),
                         });
                     }
-                    stack.push(Open { pos, start: start.index as usize, anchor, items: Vec::new(), map: is_map });
+                    stack.push(Open { pos, start: start.index as u32, anchor, items: Vec::new(), map: is_map });
                     continue;
                 }
                 Event::SeqEnd | Event::MapEnd => {
                     let Some(open) = stack.pop() else { continue };
                     let kind = if open.map {
                         let mut items = open.items.into_iter();
-                        let mut pairs = Vec::new();
+                        let mut pairs = Vec::with_capacity(items.len() / 2);
                         while let (Some(k), Some(v)) = (items.next(), items.next()) {
                             pairs.push((k, v));
                         }
                         Kind::Map(pairs)
                     } else {
-                        Kind::Seq(open.items)
+                        let mut items = open.items;
+                        items.shrink_to_fit();
+                        Kind::Seq(items)
                     };
-                    let node = Node { pos: open.pos, start: open.start, end: end.index as usize, kind };
+                    let node = Node { pos: open.pos, start: open.start, end: end.index as u32, kind };
                     self.anchor(open.anchor, &node);
                     node
                 }
@@ -417,14 +433,14 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn anchor(&mut self, anchor: Option<Box<[u8]>>, node: &Node) {
+    fn anchor(&mut self, anchor: Option<Box<[u8]>>, node: &Node<'a>) {
         if let Some(a) = anchor {
             self.anchors.push((a, node.clone()));
         }
     }
 }
 
-fn count(n: &Node) -> usize {
+fn count(n: &Node<'_>) -> usize {
     1 + match &n.kind {
         Kind::Scalar { .. } => 0,
         Kind::Seq(s) => s.iter().map(count).sum(),
@@ -523,14 +539,14 @@ impl Problems {
 /// Deserializes `T` from `node`. Every error met is recorded in `problems`;
 /// the first is also returned (a `T` made of [`Lenient`] parts goes on past
 /// the errors of its parts and returns `Ok`, with them recorded).
-pub(crate) fn from_node<'de, T: de::Deserialize<'de>>(node: &'de Node, problems: &Problems) -> Result<T, Problem> {
+pub(crate) fn from_node<'de, T: de::Deserialize<'de>>(node: &'de Node<'de>, problems: &Problems) -> Result<T, Problem> {
     T::deserialize(De { node, problems, path: Path::Root })
         .map_err(|e| Problem { pos: e.pos.or(Some(node.pos)), message: e.message })
 }
 
 /// Deserializes `T` from `node`, failing with the first problem (what the
 /// config does).
-pub(crate) fn from_node_strict<'de, T: de::Deserialize<'de>>(node: &'de Node) -> Result<T, Problem> {
+pub(crate) fn from_node_strict<'de, T: de::Deserialize<'de>>(node: &'de Node<'de>) -> Result<T, Problem> {
     let problems = Problems::default();
     let value = from_node::<T>(node, &problems);
     match (value, problems.into_vec().into_iter().next()) {
@@ -549,7 +565,7 @@ fn from_str<T: de::DeserializeOwned>(src: &str) -> Result<T, Problem> {
 
 #[derive(Clone, Copy)]
 struct De<'de, 'p> {
-    node: &'de Node,
+    node: &'de Node<'de>,
     problems: &'p Problems,
     /// Where the node is, for messages: `roles.staff.allow[0].uri: …` (as `yaml_serde` says it).
     path: Path<'p>,
@@ -790,7 +806,7 @@ impl<'de> Deserializer<'de> for De<'de, '_> {
 }
 
 struct Items<'de, 'p> {
-    items: std::iter::Enumerate<std::slice::Iter<'de, Node>>,
+    items: std::iter::Enumerate<std::slice::Iter<'de, Node<'de>>>,
     problems: &'p Problems,
     path: Path<'p>,
 }
@@ -812,8 +828,8 @@ impl<'de> SeqAccess<'de> for Items<'de, '_> {
 }
 
 struct Entries<'de, 'p> {
-    entries: std::slice::Iter<'de, (Node, Node)>,
-    value: Option<(&'de Node, &'de Node)>,
+    entries: std::slice::Iter<'de, (Node<'de>, Node<'de>)>,
+    value: Option<(&'de Node<'de>, &'de Node<'de>)>,
     key_pos: Option<Pos>,
     problems: &'p Problems,
     path: Path<'p>,

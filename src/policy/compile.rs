@@ -57,7 +57,7 @@ fn key_pos(root: &Node, section: &str, name: &str, nth: usize) -> Option<Pos> {
 
 /// Parses one file into its tree and raw form, recording every problem;
 /// `None` when the text is not YAML at all.
-fn parse_file(file: usize, src: &str, found: &mut Found) -> Option<(Node, RawFile)> {
+fn parse_file<'a>(file: usize, src: &'a str, found: &mut Found) -> Option<(Node<'a>, RawFile)> {
     let root = match yaml::parse(src) {
         Ok(root) => root.unwrap_or_else(Node::empty_map),
         Err(mut e) => {
@@ -89,13 +89,11 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
     let mut default_roles: Option<(Vec<String>, usize)> = None;
     let mut roles: BTreeMap<String, (Arc<Grant>, usize)> = BTreeMap::new();
     let mut users: BTreeMap<String, (UserEntry, usize)> = BTreeMap::new();
-    let mut trees: Vec<Option<Node>> = Vec::with_capacity(files.len());
     // Role names are only checked when every `roles:` section could be read.
     let mut roles_complete = true;
     let mut servers = Index::default();
     for (i, (path, text)) in files.iter().enumerate() {
         let Some((root, raw)) = parse_file(i, text, &mut found) else {
-            trees.push(None);
             roles_complete = false;
             continue;
         };
@@ -115,6 +113,10 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
             }
         }
         roles_complete &= raw.roles.0.is_some() || root.get("roles").is_none();
+        // What compiling needs of the tree (where each definition's rules
+        // are), taken first so that the tree is gone before the rules are
+        // compiled: the two together were the peak of a large policy's load.
+        let mut todo = Vec::new();
         for (name, role) in raw.roles.0.unwrap_or_default().0 {
             if let Some((_, j)) = roles.get(&name) {
                 let msg = format!(
@@ -125,11 +127,9 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
                 continue;
             }
             // A role that could not be read is still defined (its problems are recorded).
-            let role = role.0.flatten().unwrap_or_default();
-            let body = root.at(&["roles", &name]);
-            let owner = Owner { path, file: i, section: "roles", name: &name, body };
-            let grant = owner.grant(role.allow, role.deny, role.max_tokens, role.include, &mut servers, &mut found);
-            roles.insert(name, (Arc::new(grant), i));
+            let r = role.0.flatten().unwrap_or_default();
+            let lines = Lines::of(root.at(&["roles", &name]));
+            todo.push(("roles", name, (r.allow, r.deny, r.max_tokens, r.include, Vec::new()), lines));
         }
         for (name, user) in raw.users.0.unwrap_or_default().0 {
             if let Some((_, j)) = users.get(&name) {
@@ -140,22 +140,27 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
                 found.add(i, key_pos(&root, "users", &name, 0), msg);
                 continue;
             }
-            let user = user.0.flatten().unwrap_or_default();
-            let body = root.at(&["users", &name]);
-            let owner = Owner { path, file: i, section: "users", name: &name, body };
-            let own = owner.grant(user.allow, user.deny, user.max_tokens, user.include, &mut servers, &mut found);
-            users.insert(name, (UserEntry { roles: dedup(user.roles), own: Arc::new(own) }, i));
+            let u = user.0.flatten().unwrap_or_default();
+            let lines = Lines::of(root.at(&["users", &name]));
+            todo.push(("users", name, (u.allow, u.deny, u.max_tokens, u.include, u.roles), lines));
         }
-        trees.push(Some(root));
+        drop(root);
+        for (section, name, (allow, deny, max, include, member_of), lines) in todo {
+            let owner = Owner { path, file: i, section, name: &name, lines };
+            let grant = Arc::new(owner.grant(allow, deny, max, include, &mut servers, &mut found));
+            if section == "roles" {
+                roles.insert(name, (grant, i));
+            } else {
+                users.insert(name, (UserEntry { roles: dedup(member_of), own: grant }, i));
+            }
+        }
     }
 
     // Every role referenced must exist: a typo must not silently grant nothing
     // (or, worse, be "fixed" later by someone defining a role of that name).
     let defined = || roles.keys().cloned().collect::<Vec<_>>().join(", ");
-    let value_pos = |i: usize, path: &[&str], value: &str| {
-        let list = trees[i].as_ref().and_then(|root| root.at(path))?;
-        list.items().iter().find(|n| n.as_str() == Some(value)).or(Some(list)).map(|n| n.pos)
-    };
+    // (file, path of the list, missing name, message), located below.
+    let mut missing_roles: Vec<(usize, Vec<&str>, &str, String)> = Vec::new();
     if roles_complete {
         for (name, (entry, i)) in &users {
             for missing in entry.roles.iter().filter(|r| !roles.contains_key(*r)) {
@@ -164,7 +169,7 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
                      define it under `roles:` or fix the name",
                     defined()
                 );
-                found.add(*i, value_pos(*i, &["users", name, "roles"], missing), msg);
+                missing_roles.push((*i, vec!["users", name, "roles"], missing, msg));
             }
         }
     }
@@ -176,8 +181,16 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
                  define it under `roles:` or fix the name",
                 defined()
             );
-            found.add(i, value_pos(i, &["default_roles"], missing), msg);
+            missing_roles.push((i, vec!["default_roles"], missing, msg));
         }
+    }
+    // Only now, and only for files with such a problem, is a tree parsed again.
+    let mut trees: BTreeMap<usize, Option<Node<'_>>> = BTreeMap::new();
+    for (i, path, value, msg) in missing_roles {
+        let root = trees.entry(i).or_insert_with(|| yaml::parse(&files[i].1).ok().flatten());
+        let list = root.as_ref().and_then(|root| root.at(&path));
+        let pos = list.and_then(|l| l.items().iter().find(|n| n.as_str() == Some(value)).or(Some(l))).map(|n| n.pos);
+        found.add(i, pos, msg);
     }
     if let Err(e) = servers.finish() {
         found.add(0, None, e);
@@ -207,8 +220,38 @@ pub(super) struct Owner<'a> {
     pub(super) file: usize,
     pub(super) section: &'a str,
     pub(super) name: &'a str,
-    /// Its definition in the file's tree.
-    pub(super) body: Option<&'a Node>,
+    /// Where its rules are in the file.
+    pub(super) lines: Lines,
+}
+
+/// Where a definition's rules are, per [`Effect`] (allow, deny): the line
+/// of each rule, and the position of the `allow:` / `deny:` key.
+#[derive(Default)]
+pub(super) struct Lines {
+    rules: [Vec<u32>; 2],
+    keys: [Option<Pos>; 2],
+}
+
+impl Lines {
+    fn of(body: Option<&Node<'_>>) -> Lines {
+        let mut lines = Lines::default();
+        for (k, key) in ["allow", "deny"].into_iter().enumerate() {
+            let list = body.and_then(|b| b.get(key));
+            lines.keys[k] = body.and_then(|b| b.key_at(key, 0)).map(|n| n.pos);
+            // A rule not found (not a list item) gets the line of the list.
+            lines.rules[k] = match list {
+                Some(l) if !l.items().is_empty() => l.items().iter().map(|n| n.pos.line as u32).collect(),
+                Some(l) => vec![l.pos.line as u32],
+                None => Vec::new(),
+            };
+        }
+        lines
+    }
+
+    fn line(&self, effect: Effect, index: usize) -> Option<usize> {
+        let rules = &self.rules[effect as usize];
+        rules.get(index).or(rules.last()).map(|&l| l as usize)
+    }
 }
 
 impl Owner<'_> {
@@ -234,34 +277,28 @@ impl Owner<'_> {
 
     fn rules(&self, raw: Vec<Lenient<RawRule>>, effect: Effect, servers: &mut Index, found: &mut Found) -> RuleSet {
         let key = effect.to_string();
-        let list = self.body.and_then(|b| b.get(&key));
-        let items = list.map_or(&[][..], |l| l.items());
         let owner = format!("{} {}", &self.section[..self.section.len() - 1], self.name);
-        let rules = raw
-            .into_iter()
-            .enumerate()
-            .filter_map(|(index, r)| Some((index, r.0?)))
-            .map(|(index, r)| {
-                let reference = RuleRef {
-                    file: self.path.to_path_buf(),
-                    line: items.get(index).or(list).map(|n| n.pos.line),
-                    owner: owner.clone(),
-                    effect,
-                    index,
-                    rule: canonical(&r),
-                };
-                Rule {
-                    server: r.server.unwrap_or_else(Pattern::no_slash),
-                    uri: r.uri.map_or_else(Pattern::any, |u| u.0),
-                    mime_params: r.mime.as_ref().is_some_and(|m| m.0.text.contains(';')),
-                    mime: r.mime.map(|m| m.0),
-                    shared: [0; FIELDS],
-                    reference,
-                }
-            })
-            .collect();
+        let mut rules = Vec::with_capacity(raw.len());
+        rules.extend(raw.into_iter().enumerate().filter_map(|(index, r)| Some((index, r.0?))).map(|(index, r)| {
+            let reference = RuleRef {
+                file: self.path.to_path_buf(),
+                line: self.lines.line(effect, index),
+                owner: owner.clone(),
+                effect,
+                index,
+                rule: canonical(&r),
+            };
+            Rule {
+                server: r.server.unwrap_or_else(Pattern::no_slash),
+                uri: r.uri.map_or_else(Pattern::any, |u| u.0),
+                mime_params: r.mime.as_ref().is_some_and(|m| m.0.text.contains(';')),
+                mime: r.mime.map(|m| m.0),
+                shared: [0; FIELDS],
+                reference,
+            }
+        }));
         RuleSet::new(rules, servers).unwrap_or_else(|e| {
-            let at = self.body.and_then(|b| b.key_at(&key, 0)).map(|k| k.pos);
+            let at = self.lines.keys[effect as usize];
             found.add(self.file, at, format!("{owner} {key}: {e}"));
             RuleSet::default()
         })

@@ -210,22 +210,29 @@ impl RuleSet {
                 Matcher::Literal(name, _) => set.by_server.push((servers.intern(name), i)),
                 _ => set.glob_server.push(i),
             }
-            let mime = rule.mime.as_ref().map(|p| (if rule.mime_params { Field::MimeParams } else { Field::Mime }, p));
-            let fields = [(Field::Server, &rule.server), (Field::Uri, &rule.uri)].into_iter().chain(mime);
-            for (field, pattern) in fields.map(|(f, p)| (f, p.clone())).collect::<Vec<_>>() {
-                if let Matcher::Globs(globs, _) = pattern.matcher {
+            let mime_field = if rule.mime_params { Field::MimeParams } else { Field::Mime };
+            let mut shared = rule.shared;
+            let fields = [(Field::Server, &mut rule.server), (Field::Uri, &mut rule.uri)]
+                .into_iter()
+                .chain(rule.mime.as_mut().map(|p| (mime_field, p)));
+            for (field, pattern) in fields {
+                if let Matcher::Globs(globs, _) = &mut pattern.matcher {
+                    // Once in a set, a rule's globs are not needed again (only
+                    // their `Needs`): moved, not cloned, they cost no memory twice.
+                    let globs = std::mem::take(globs);
                     if !matches!(field, Field::Uri) {
-                        rule.shared[field as usize] = servers.intern_globs(field, &globs);
+                        shared[field as usize] = servers.intern_globs(field, &globs);
                         continue;
                     }
                     let (builder, rule_of) =
                         builders[field as usize].get_or_insert_with(|| (GlobSetBuilder::new(), Vec::new()));
-                    for g in globs.iter() {
-                        builder.add(g.clone());
+                    for g in globs.into_vec() {
+                        builder.add(g);
                         rule_of.push(i);
                     }
                 }
             }
+            rule.shared = shared;
         }
         set.by_server.sort_unstable();
         for (slot, built) in set.sets.iter_mut().zip(builders) {
