@@ -92,6 +92,7 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
     // Role names are only checked when every `roles:` section could be read.
     let mut roles_complete = true;
     let mut servers = Index::default();
+    let mut names: HashSet<Arc<str>> = HashSet::new();
     for (i, (path, text)) in files.iter().enumerate() {
         let Some((root, raw)) = parse_file(i, text, &mut found) else {
             roles_complete = false;
@@ -151,7 +152,8 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
             if section == "roles" {
                 roles.insert(name, (grant, i));
             } else {
-                users.insert(name, (UserEntry { roles: dedup(member_of), own: grant }, i));
+                let member_of = dedup(member_of).into_iter().map(|r| intern(&mut names, r)).collect();
+                users.insert(name, (UserEntry { roles: member_of, own: grant }, i));
             }
         }
     }
@@ -163,7 +165,7 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
     let mut missing_roles: Vec<(usize, Vec<&str>, &str, String)> = Vec::new();
     if roles_complete {
         for (name, (entry, i)) in &users {
-            for missing in entry.roles.iter().filter(|r| !roles.contains_key(*r)) {
+            for missing in entry.roles.iter().map(|r| &**r).filter(|r| !roles.contains_key(*r)) {
                 let msg = format!(
                     "user `{name}` has role `{missing}`, which no policy file defines (defined: {}); \
                      define it under `roles:` or fix the name",
@@ -207,10 +209,24 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
     })
 }
 
-/// `v` without repeats, first occurrences kept in order.
-pub(super) fn dedup<T: Eq + std::hash::Hash + Clone>(v: Vec<T>) -> Vec<T> {
-    let mut seen = HashSet::with_capacity(v.len());
-    v.into_iter().filter(|x| seen.insert(x.clone())).collect()
+/// `v` without repeats, first occurrences kept in order (nothing cloned:
+/// with thousands of users of fifty roles each, copies were a peak of their own).
+pub(super) fn dedup<T: Eq + std::hash::Hash>(v: Vec<T>) -> Vec<T> {
+    let keep: Vec<bool> = {
+        let mut seen = HashSet::with_capacity(v.len());
+        v.iter().map(|x| seen.insert(x)).collect()
+    };
+    v.into_iter().zip(keep).filter_map(|(x, keep)| keep.then_some(x)).collect()
+}
+
+/// The one shared copy of a role name.
+fn intern(names: &mut HashSet<Arc<str>>, name: String) -> Arc<str> {
+    if let Some(n) = names.get(name.as_str()) {
+        return Arc::clone(n);
+    }
+    let n: Arc<str> = name.into();
+    names.insert(Arc::clone(&n));
+    n
 }
 
 /// A role or user being compiled, with what is needed to locate its rules.

@@ -70,7 +70,8 @@ pub(crate) struct DecisionKey {
 
 #[derive(Debug)]
 pub(super) struct UserEntry {
-    pub(super) roles: Vec<String>,
+    /// Role names, shared between users (thousands of users name the same few hundred roles).
+    pub(super) roles: Vec<Arc<str>>,
     pub(super) own: Arc<Grant>,
 }
 

@@ -284,10 +284,13 @@ impl Policy {
     /// includes expanded. Users not listed get `default_roles`.
     pub fn for_user(&self, user: &str) -> UserPolicy {
         let entry = self.users.get(user);
-        let roles = entry.map_or(&self.default_roles, |u| &u.roles).clone();
+        let roles = match entry {
+            Some(u) => u.roles.iter().map(|r| r.to_string()).collect(),
+            None => self.default_roles.clone(),
+        };
         let mut grants: Vec<Arc<Grant>> = entry.map(|u| Arc::clone(&u.own)).into_iter().collect();
         // Every role name was checked against `roles` at load, so none is dropped here.
-        grants.extend(roles.iter().filter_map(|r| self.roles.get(r).cloned()));
+        grants.extend(roles.iter().filter_map(|r: &String| self.roles.get(r).cloned()));
         let max_tokens =
             entry.and_then(|u| u.own.max_tokens).or_else(|| grants.iter().filter_map(|g| g.max_tokens).max());
         let encoded = utf8_percent_encode(user, USER_ENCODE).to_string();
@@ -327,7 +330,10 @@ impl Policy {
             users: self
                 .users
                 .iter()
-                .map(|(name, u)| UserSummary { name: name.clone(), roles: u.roles.clone() })
+                .map(|(name, u)| UserSummary {
+                    name: name.clone(),
+                    roles: u.roles.iter().map(|r| r.to_string()).collect(),
+                })
                 .collect(),
         }
     }
