@@ -503,4 +503,26 @@ mod tests {
         }
         assert!(Pattern::compile("a/**/**/**/**").is_ok());
     }
+
+    proptest::proptest! {
+        /// The dialect (rewrite to globset, literal shapes, pre-checks)
+        /// against its definition, pattern by pattern.
+        #[test]
+        fn globs_agree_with_the_reference_definition(
+            tokens in proptest::collection::vec(
+                proptest::sample::select(&["a", "b", "/", "*", "**", "***", "?", "[ab]", "[!a]"][..]), 0..7),
+            subjects in proptest::collection::vec("[ab/]{0,7}", 1..12),
+        ) {
+            let pattern: String = tokens.concat();
+            if split_star_runs(&pattern).len() - 1 > MAX_RECURSIVE_RUNS {
+                return Ok(());
+            }
+            let compiled = Pattern::compile(&pattern).map_err(proptest::test_runner::TestCaseError::fail)?;
+            let p: Vec<char> = pattern.chars().collect();
+            for s in subjects {
+                let want = glob_ref(&p, &s.chars().collect::<Vec<_>>());
+                proptest::prop_assert_eq!(compiled.is_match(&s), want, "{} on {}", pattern, s);
+            }
+        }
+    }
 }
