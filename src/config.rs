@@ -1,7 +1,8 @@
 //! The configuration file (`mcp-context.yaml`).
 //!
-//! Parsed strictly (unknown keys are errors) straight from the source text so
-//! that every error carries a line and column. JSON configs written for Claude
+//! Parsed strictly (unknown keys are errors) from the located YAML tree
+//! (`crate::yaml`, shared with the policy) so that every error carries the
+//! line and column of the value at fault. JSON configs written for Claude
 //! Desktop, Cursor or Gemini CLI (`mcpServers`, `httpUrl`, `type`, `timeout`)
 //! load unchanged, because JSON is YAML.
 //!
@@ -16,13 +17,13 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use indexmap_lite::OrderedMap;
 use serde::Deserialize;
 
 use crate::cause::redact_url;
 use crate::error::{Error, Result};
 use crate::id::validate_server_name;
 pub use crate::relevance::SelectMode;
+use crate::yaml::{self, Named, Node, OrderedMap, Pos};
 
 /// Default per-request timeout.
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
@@ -57,46 +58,6 @@ pub const ENV_ALLOWLIST: &[&str] = &[
     "NVM_DIR",
     "RUST_LOG",
 ];
-
-mod indexmap_lite {
-    //! A map that keeps the file's order (server order matters: it breaks
-    //! priority ties) without another dependency.
-    use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
-    use std::fmt;
-    use std::marker::PhantomData;
-
-    #[derive(Debug, Clone)]
-    pub struct OrderedMap<V>(pub Vec<(String, V)>);
-
-    impl<V> Default for OrderedMap<V> {
-        fn default() -> Self {
-            OrderedMap(Vec::new())
-        }
-    }
-
-    impl<'de, V: Deserialize<'de>> Deserialize<'de> for OrderedMap<V> {
-        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct V2<V>(PhantomData<V>);
-            impl<'de, V: Deserialize<'de>> Visitor<'de> for V2<V> {
-                type Value = OrderedMap<V>;
-                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                    f.write_str("a map of server names to server settings")
-                }
-                fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
-                    let mut out: Vec<(String, V)> = Vec::new();
-                    while let Some((k, v)) = m.next_entry::<String, V>()? {
-                        if out.iter().any(|(x, _)| *x == k) {
-                            return Err(serde::de::Error::custom(format!("server `{k}` is defined twice")));
-                        }
-                        out.push((k, v));
-                    }
-                    Ok(OrderedMap(out))
-                }
-            }
-            d.deserialize_map(V2(PhantomData))
-        }
-    }
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -275,6 +236,10 @@ struct RawServer {
     cache_ttl_ms: Option<u64>,
     #[serde(default)]
     serve_stale: bool,
+}
+
+impl Named for RawServer {
+    const NOUN: &'static str = "server";
 }
 
 impl fmt::Debug for RawServer {
@@ -527,14 +492,21 @@ impl Config {
             column,
             message,
         };
-        let raw: RawConfig = if src.trim().is_empty() {
-            RawConfig { servers: OrderedMap::default(), policy: None, context: None, serve: None }
-        } else {
-            parse_yaml(src).map_err(|(l, c, m)| err(l, c, m))?
-        };
+        let at = |pos: Option<Pos>| (pos.map(|p| p.line), pos.map(|p| p.column));
+        let root = yaml::parse(src)
+            .map_err(|p| {
+                let (l, c) = at(p.pos);
+                err(l, c, p.message)
+            })?
+            .unwrap_or_else(Node::empty_map);
+        let raw: RawConfig = yaml::from_node_strict(&root).map_err(|p| {
+            let (l, c) = at(p.pos);
+            err(l, c, p.message)
+        })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
-        let line_of = |needle: &str| find_line(src, needle);
+        let servers_node = root.get("servers").or_else(|| root.get("mcpServers"));
+        let context_pos = |key: &str| at(root.at(&["context", key]).map(|n| n.pos));
         // Every value that came from the environment: errors and logs about
         // a server are scrubbed of them (see `ServerConfig::scrub`).
         let secrets = std::cell::RefCell::new(Vec::<String>::new());
@@ -550,7 +522,8 @@ impl Config {
         };
         let expand = |s: &str, server: &str| -> Result<String> {
             expand_vars(s, &recording_env).map_err(|var| {
-                let (line, column) = find_pos(src, &format!("${{{var}}}"));
+                let node = servers_node.and_then(|n| n.get(server)).unwrap_or(&root);
+                let (line, column) = at(Some(yaml::pos_within(src, node, &format!("${{{var}}}"))));
                 err(
                     line,
                     column,
@@ -564,10 +537,9 @@ impl Config {
 
         let mut servers = Vec::new();
         for (name, s) in raw.servers.0 {
-            let (at, at_col) = match find_pos(src, &format!("{name}:")) {
-                (None, _) => find_pos(src, &format!("\"{name}\"")),
-                found => found,
-            };
+            // Where the server is named: its key, as the parser saw it.
+            let server_node = servers_node.and_then(|n| n.get(&name));
+            let (at, at_col) = at(servers_node.and_then(|n| n.key_at(&name, 0)).map(|k| k.pos));
             validate_server_name(&name).map_err(|m| err(at, at_col, format!("invalid server name: {m}")))?;
             if s.disabled {
                 continue;
@@ -614,7 +586,6 @@ impl Config {
                     }
                 }
                 (None, Some(url)) => {
-                    let raw_url = url.as_str();
                     if let Some(k) =
                         s.kind.as_deref().filter(|k| !matches!(*k, "http" | "streamable-http" | "streamableHttp"))
                     {
@@ -635,11 +606,11 @@ impl Config {
                     }
                     let url = expand(url, &name)?;
                     if !(url.starts_with("http://") || url.starts_with("https://")) {
-                        // Point at the value as written (after the server's own line).
-                        let after = src.lines().skip(at.unwrap_or(1)).collect::<Vec<_>>().join("\n");
-                        let (line, column) = match find_pos(&after, raw_url) {
-                            (Some(l), c) => (Some(l + at.unwrap_or(1)), c),
-                            _ => (at, at_col),
+                        // Point at the value as written.
+                        let value = server_node.and_then(|n| n.get("url").or_else(|| n.get("httpUrl")));
+                        let (line, column) = match value {
+                            Some(v) => (Some(v.pos.line), Some(v.pos.column)),
+                            None => (at, at_col),
                         };
                         return Err(err(
                             line,
@@ -681,21 +652,20 @@ impl Config {
         }
         let context = raw.context.unwrap_or_default();
         if context.max_tokens == 0 {
-            return Err(err(line_of("max_tokens"), None, "context.max_tokens must be at least 1".into()));
+            let (l, c) = context_pos("max_tokens");
+            return Err(err(l, c, "context.max_tokens must be at least 1".into()));
         }
         if context.chunk_tokens < 16 {
-            return Err(err(line_of("chunk_tokens"), None, "context.chunk_tokens must be at least 16".into()));
+            let (l, c) = context_pos("chunk_tokens");
+            return Err(err(l, c, "context.chunk_tokens must be at least 16".into()));
         }
         if context.chunk_overlap * 2 > context.chunk_tokens {
-            return Err(err(
-                line_of("chunk_overlap"),
-                None,
-                "context.chunk_overlap must be at most half of context.chunk_tokens".into(),
-            ));
+            let (l, c) = context_pos("chunk_overlap");
+            return Err(err(l, c, "context.chunk_overlap must be at most half of context.chunk_tokens".into()));
         }
         let serve = match raw.serve {
             None => ServeSettings::default(),
-            Some(raw) => serve_settings(raw, src, path, &base, env)?,
+            Some(raw) => serve_settings(raw, root.get("serve").unwrap_or(&root), path, &base, env)?,
         };
         Ok(Config { path: path.to_owned(), servers, policy: raw.policy.map(|p| base.join(p)), context, serve })
     }
@@ -711,17 +681,19 @@ impl Config {
 /// digests (and `keys_file`, relative to the config), header names.
 fn serve_settings(
     raw: RawServe,
-    src: &str,
+    node: &Node,
     path: &Path,
     base: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<ServeSettings> {
-    let err = |needle: &str, message: String| Error::Config {
+    // Located at the value of `serve.KEY` (else at the key, else at `serve:`).
+    let err_at = |pos: Pos, message: String| Error::Config {
         path: path.to_owned(),
-        line: find_line_after(src, "serve:", needle),
-        column: None,
+        line: Some(pos.line),
+        column: Some(pos.column),
         message,
     };
+    let err = |key: &str, message: String| err_at(node.get(key).map_or(node.pos, |n| n.pos), message);
     let expand = |key: &str, v: &str| {
         expand_vars(v, env).map_err(|var| {
             err(
@@ -748,10 +720,12 @@ fn serve_settings(
         ));
     }
     let mut keys = Vec::new();
-    for k in &raw.keys {
+    let key_nodes = node.get("keys").map_or(&[][..], |n| n.items());
+    for (i, k) in raw.keys.iter().enumerate() {
         let sha256 = parse_digest(&k.sha256).ok_or_else(|| {
-            err(
-                &k.sha256,
+            let item = key_nodes.get(i).map(|n| n.get("sha256").unwrap_or(n));
+            err_at(
+                item.map_or(node.pos, |n| n.pos),
                 format!(
                     "serve.keys: `{}` is not a SHA-256 hex digest (64 hex digits); \
                      get one with `mcp-context serve hash-key KEY`",
@@ -769,21 +743,25 @@ fn serve_settings(
             column: None,
             message: format!("cannot read serve.keys_file: {e}"),
         })?;
-        let list: Vec<RawKey> = if text.trim().is_empty() {
-            Vec::new()
-        } else {
-            parse_yaml(&text).map_err(|(line, column, message)| Error::Config {
-                path: file.clone(),
-                line,
-                column,
-                message: format!("{message} (expected a list of {{ sha256, user }})"),
-            })?
+        let file_err = |pos: Option<Pos>, message: String| Error::Config {
+            path: file.clone(),
+            line: pos.map(|p| p.line),
+            column: pos.map(|p| p.column),
+            message,
         };
-        for k in list {
+        let root = yaml::parse(&text).map_err(|p| file_err(p.pos, p.message))?;
+        let list: Vec<RawKey> = match &root {
+            None => Vec::new(),
+            Some(root) => yaml::from_node_strict(root)
+                .map_err(|p| file_err(p.pos, format!("{} (expected a list of {{ sha256, user }})", p.message)))?,
+        };
+        let items = root.as_ref().map_or(&[][..], |r| r.items());
+        for (i, k) in list.into_iter().enumerate() {
+            let pos = items.get(i).map(|n| n.get("sha256").unwrap_or(n).pos);
             let sha256 = parse_digest(&k.sha256).ok_or_else(|| Error::Config {
                 path: file.clone(),
-                line: find_line(&text, &k.sha256),
-                column: None,
+                line: pos.map(|p| p.line),
+                column: pos.map(|p| p.column),
                 message: format!("`{}` is not a SHA-256 hex digest (64 hex digits)", k.sha256),
             })?;
             keys.push(KeyDigest { sha256, user: k.user });
@@ -829,42 +807,6 @@ fn serve_settings(
             d.max_concurrent_upstream as u64,
         )? as usize,
     })
-}
-
-/// 1-based line of the first `needle` after the first `section` line.
-fn find_line_after(src: &str, section: &str, needle: &str) -> Option<usize> {
-    let start = src.lines().position(|l| l.starts_with(section)).unwrap_or(0);
-    src.lines().skip(start).position(|l| l.contains(needle)).map(|i| i + start + 1)
-}
-
-/// The one place YAML is parsed, so the YAML crate can be swapped. Returns
-/// (line, column, message) on error.
-pub(crate) fn parse_yaml<T: serde::de::DeserializeOwned>(
-    src: &str,
-) -> std::result::Result<T, (Option<usize>, Option<usize>, String)> {
-    serde_yaml::from_str(src).map_err(|e| {
-        let loc = e.location();
-        let msg = e.to_string();
-        // The message already ends with "at line L column C"; keep it short.
-        let msg = match msg.find(" at line ") {
-            Some(i) if loc.is_some() => msg[..i].to_string(),
-            _ => msg,
-        };
-        (loc.as_ref().map(|l| l.line()), loc.as_ref().map(|l| l.column()), msg)
-    })
-}
-
-/// 1-based line of the first occurrence of `needle`, for errors found after parsing.
-pub(crate) fn find_line(src: &str, needle: &str) -> Option<usize> {
-    src.lines().position(|l| l.contains(needle)).map(|i| i + 1)
-}
-
-/// 1-based line and column (in characters) of the first `needle` in `src`.
-fn find_pos(src: &str, needle: &str) -> (Option<usize>, Option<usize>) {
-    src.lines()
-        .enumerate()
-        .find_map(|(i, l)| l.find(needle).map(|at| (Some(i + 1), Some(l[..at].chars().count() + 1))))
-        .unwrap_or((None, None))
 }
 
 /// Expands `${VAR}`; `$${` is a literal `${`. Returns the name of the first unset variable.
@@ -967,6 +909,29 @@ mod tests {
             assert!(e.contains(needle), "{src:?}: {e}");
             assert!(!e.contains("s3cr3t"));
         }
+    }
+
+    #[test]
+    fn errors_point_at_short_names_and_into_flow_style() {
+        // A short name that also occurs inside an earlier name: the server
+        // `a` is on line 4, not in `xa:` on line 2.
+        let e = load("servers:\n  xa:\n    command: x\n  a:\n    command: x\n    url: http://a\n").unwrap_err();
+        assert!(e.to_string().contains("mcp-context.yaml:4:3: server `a` has both"), "{e}");
+        let e = load("servers:\n  ab:\n    url: http://x\n  b:\n    url: ftp://b\n").unwrap_err();
+        assert!(e.to_string().contains(":5:10: server `b`: url must start"), "{e}");
+        // Flow style, all on one line: positions still come from the parser.
+        let src = "{servers: {ok: {command: x}, a: {url: \"ftp://x\"}}}";
+        let e = load(src).unwrap_err().to_string();
+        let col = src.find("\"ftp").unwrap() + 1;
+        assert!(e.contains(&format!(":1:{col}: server `a`: url")), "{e}");
+        let e = load("{servers: {a: {command: \"${NOPE}\"}}, context: {max_tokens: 0}}").unwrap_err().to_string();
+        assert!(e.contains(":1:26:") && e.contains("`NOPE` is not set"), "{e}");
+        let e = load("{context: {model: m, max_tokens: 0}}").unwrap_err().to_string();
+        assert!(e.contains(":1:34: context.max_tokens"), "{e}");
+        let e = load("{servers: {a: {command: x}, b: {command: y}, a: {command: z}}}").unwrap_err().to_string();
+        assert!(e.contains(":1:46:") && e.contains("server `a` is defined twice"), "{e}");
+        let e = load("serve: {keys: [{sha256: abc, user: a}]}").unwrap_err().to_string();
+        assert!(e.contains(":1:25:") && e.contains("not a SHA-256"), "{e}");
     }
 
     #[test]

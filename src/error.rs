@@ -24,7 +24,9 @@ pub enum Error {
         message: String,
     },
     /// A policy file could not be read or is invalid. Nothing is injected.
-    #[error("{}: {message}", location(path, *line, *column))]
+    /// Loading reports every problem it finds: the first here, the others
+    /// (each an `Error::Policy` too) in `more`, shown one per line.
+    #[error("{}: {message}{}", location(path, *line, *column), more_lines(more))]
     Policy {
         /// The policy file (or folder).
         path: PathBuf,
@@ -34,6 +36,8 @@ pub enum Error {
         column: Option<usize>,
         /// What is wrong and how to fix it.
         message: String,
+        /// The other problems found in the same load, in file order and then by position.
+        more: Vec<Error>,
     },
     /// A `server:uri` identifier is malformed.
     #[error("invalid resource identifier {}: {reason}", quote(input))]
@@ -133,9 +137,13 @@ impl Error {
             Error::Config { path, line, column, message } => {
                 Error::Config { path: path.clone(), line: *line, column: *column, message: message.clone() }
             }
-            Error::Policy { path, line, column, message } => {
-                Error::Policy { path: path.clone(), line: *line, column: *column, message: message.clone() }
-            }
+            Error::Policy { path, line, column, message, more } => Error::Policy {
+                path: path.clone(),
+                line: *line,
+                column: *column,
+                message: message.clone(),
+                more: more.iter().map(Error::duplicate).collect(),
+            },
             Error::InvalidId { input, reason } => Error::InvalidId { input: input.clone(), reason: reason.clone() },
             Error::UnknownServer { server, known } => {
                 Error::UnknownServer { server: server.clone(), known: known.clone() }
@@ -178,6 +186,11 @@ fn location(path: &std::path::Path, line: Option<usize>, column: Option<usize>) 
         (Some(l), None) => format!("{}:{l}", path.display()),
         _ => path.display().to_string(),
     }
+}
+
+/// The further problems of a policy load, one per line after the first.
+fn more_lines(more: &[Error]) -> String {
+    more.iter().map(|e| format!("\n{e}")).collect()
 }
 
 /// Shorthand for results of this crate.

@@ -58,6 +58,7 @@ mod render;
 mod report;
 mod resource;
 mod tools;
+mod yaml;
 
 pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
