@@ -149,7 +149,7 @@ async fn relevance(server: &str, n: usize, size: usize, rounds: usize) {
     ctx.close().await;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let (same, fresh, pack) = (median(same), median(fresh), median(pack));
-    let (chunk_cpu, tokenise_cpu) = cold_cpu(n, size);
+    let (texts, chunk_cpu, tokenise_cpu) = cold_cpu(n, size);
     println!("workload: n={n} size={size} (every 10th a blob), budget 4000, select auto, {rounds} rounds");
     println!("| figure | value |");
     println!("|---|---:|");
@@ -159,7 +159,7 @@ async fn relevance(server: &str, n: usize, size: usize, rounds: usize) {
     println!("|  of which rank + pack (report.timings.pack_ms), median | {:.3} ms |", ms(pack));
     println!("| added by ranking a new question | {:.3} ms |", ms(fresh) - ms(same));
     println!(
-        "| cold chunk + index of the {n} texts, thread CPU, median of 5 | {:.1} ms ({:.2}x tokenising) |",
+        "| cold chunk + index of the {texts} texts, thread CPU, median of 5 | {:.1} ms ({:.2}x tokenising) |",
         ms(chunk_cpu),
         chunk_cpu.as_secs_f64() / tokenise_cpu.as_secs_f64()
     );
@@ -174,9 +174,10 @@ fn thread_cpu() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
-/// Thread CPU time of chunking and indexing the workload's texts from
-/// scratch (a new index each run), and of tokenising them once: medians of 5.
-fn cold_cpu(n: usize, size: usize) -> (Duration, Duration) {
+/// Thread CPU time of chunking and indexing the workload's texts (not its
+/// blobs) from scratch (a new index each run), and of tokenising them once:
+/// medians of 5, with the number of texts.
+fn cold_cpu(n: usize, size: usize) -> (usize, Duration, Duration) {
     use mcp_context::{Annotations, ChunkIndex, ContentPart, Contents, Resource, ResourceId, Tokenizer};
     use std::sync::Arc;
     let (tok, _) = Tokenizer::for_model("gpt-4o");
@@ -221,7 +222,7 @@ fn cold_cpu(n: usize, size: usize) -> (Duration, Duration) {
         tokenise.push(thread_cpu() - t);
         assert!(tokens > 0);
     }
-    (median(chunk), median(tokenise))
+    (items.len(), median(chunk), median(tokenise))
 }
 
 async fn run(args: Vec<String>) {
