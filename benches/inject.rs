@@ -103,6 +103,15 @@ fn relevance(c: &mut Criterion) {
     group.bench_function("chunk+index", |b| {
         b.iter(|| {
             let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP);
+            for (r, c) in few {
+                index.prepare(&tok, r, c);
+            }
+            index
+        })
+    });
+    group.bench_function("chunk+index+rank+pack", |b| {
+        b.iter(|| {
+            let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP);
             compose_by_relevance(&tok, &cache, &index, DEFAULT_PREAMBLE, black_box(4000), few, Some(&query))
         })
     });

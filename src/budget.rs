@@ -105,11 +105,6 @@ impl Tokenizer {
         Tokenizer { bpe, encoding }
     }
 
-    /// The encoder, for the chunker (`text-splitter` sizes chunks with it).
-    pub(crate) fn bpe(&self) -> &'static CoreBPE {
-        self.bpe
-    }
-
     /// The encoding's tiktoken name: `o200k_base`, `o200k_harmony`,
     /// `cl100k_base`, `p50k_base`, `p50k_edit` or `r50k_base`.
     pub fn encoding(&self) -> &'static str {
@@ -147,11 +142,57 @@ impl Tokenizer {
         (0, 0)
     }
 
+    /// Byte offset in `text` where each of its tokens ends (encoded as
+    /// ordinary text): the token count of any stretch of it, read off
+    /// without encoding again.
+    pub(crate) fn token_ends(&self, text: &str) -> Vec<u32> {
+        let lens = token_lengths(self);
+        let mut at = 0u32;
+        self.bpe
+            .encode_ordinary(text)
+            .into_iter()
+            .map(|t| {
+                at += lens.get(t as usize).copied().unwrap_or(0);
+                at
+            })
+            .collect()
+    }
+
     /// True when counts of pieces cut between `'\n'` and `'<'` add up to the
     /// count of the whole (see the module docs).
-    fn is_additive(&self) -> bool {
+    pub(crate) fn is_additive(&self) -> bool {
         matches!(self.encoding, "o200k_base" | "o200k_harmony" | "cl100k_base")
     }
+}
+
+/// The byte length of every ordinary token of `tok`'s encoding, by rank:
+/// built once per encoding and process (decoding each token once, some
+/// milliseconds), so that token offsets cost a table lookup per token.
+fn token_lengths(tok: &Tokenizer) -> &'static [u32] {
+    static TABLES: Mutex<Vec<(&'static str, &'static [u32])>> = Mutex::new(Vec::new());
+    let mut tables = TABLES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, t)) = tables.iter().find(|(e, _)| *e == tok.encoding) {
+        return t;
+    }
+    // Ranks are dense from 0; the largest ordinary vocabulary (o200k) has
+    // about 200 000. Stop after a long run of unknown ranks.
+    let mut lens = Vec::new();
+    let mut misses = 0;
+    while misses < 4096 {
+        match tok.bpe.decode_bytes(&[lens.len() as Rank]) {
+            Ok(b) => {
+                misses = 0;
+                lens.push(b.len() as u32);
+            }
+            Err(_) => {
+                misses += 1;
+                lens.push(0);
+            }
+        }
+    }
+    let table: &'static [u32] = Box::leak(lens.into_boxed_slice());
+    tables.push((tok.encoding, table));
+    table
 }
 
 /// Token counts by content, shared across requests and threads, so each
@@ -561,6 +602,13 @@ pub(crate) fn pack_passages(
     let mut used = 0usize;
     let mut order = Vec::new();
     for &(r, k, _) in ranked {
+        // A block not yet in costs at least its opening line, the chunk and
+        // a separator: skip what cannot fit without estimating it (once the
+        // budget is full, that is nearly every chunk).
+        let chunked = blocks[r].chunked;
+        if sel[r].is_empty() && used + chunked.open_tokens + chunked.chunks[k].tokens + sep > avail {
+            continue;
+        }
         let mut s = sel[r].clone();
         if let Err(at) = s.binary_search(&k) {
             s.insert(at, k);
@@ -620,9 +668,8 @@ fn passage_ranges(c: &Chunked, sel: &[usize]) -> Vec<(usize, usize)> {
 
 /// Tokens a partial block would take, by the chunk index's token offsets.
 fn estimate_passages(tok: &Tokenizer, cache: &TokenCache, c: &Chunked, sel: &[usize]) -> usize {
-    let open = cache.count(tok, &c.head[..c.body_start]);
     let body = c.body();
-    let mut n = open + 1;
+    let mut n = c.open_tokens + 1;
     let mut at = 0;
     let ranges = passage_ranges(c, sel);
     for &(a, b) in &ranges {

@@ -14,31 +14,40 @@
 //! `context.chunk_tokens` tokens (default [`DEFAULT_CHUNK_TOKENS`]) with
 //! `context.chunk_overlap` tokens shared by neighbours (default
 //! [`DEFAULT_CHUNK_OVERLAP`]), counted with the model's own tiktoken
-//! encoder. `text/markdown` resources use its Markdown splitter, so headings
-//! and paragraphs are boundaries. Chunks, their token counts and their BM25
-//! term weights are kept in a [`ChunkIndex`] keyed by the very `Arc` of the
-//! contents: a changed resource is a new `Arc`, so only it is chunked again.
+//! encoder: the body is encoded once, and the splitter's sizes and the
+//! chunks' counts are read off those token offsets. `text/markdown`
+//! resources use its Markdown splitter, so headings and paragraphs are
+//! boundaries. Chunks, their token counts and their terms are kept in a
+//! [`ChunkIndex`] keyed by the very `Arc` of the contents: a changed
+//! resource is a new `Arc`, so only it is chunked again, and a request
+//! that finds every resource indexed does no chunking or term analysis.
 //!
 //! # Ranking
 //!
-//! Terms come from the `bm25` crate's English tokenizer (Unicode words,
-//! stop words removed, Snowball stemming). For a query term `t` of weight
-//! `w(t)`, over the `N` chunks of the resources this user may see (ranking
-//! happens after the policy, so what another user may see never changes a
-//! score) of which `n(t)` contain `t`:
+//! Terms: Unicode words, folded to ASCII and lower-cased, English stop
+//! words dropped, Snowball-stemmed; identifiers also split into their parts
+//! (`os.popen` gives `os` and `popen`; see [`terms`]). A chunk's terms are
+//! its text's, plus its resource's name and title counted [`FIELD_WEIGHT`]
+//! times. BM25 with the usual `k1 =` [`K1`] and `b =` [`B`], over the `N`
+//! chunks of the resources this user may see (ranking happens after the
+//! policy, so what another user may see never changes a score), of which
+//! `n(t)` contain the query term `t` of weight `w(t)`, their average length
+//! in terms `avgdl`:
 //!
 //! ```text
+//! tf(t,c) = count of t in c + FIELD_WEIGHT · count of t in the name and title
 //! idf(t)  = ln(1 + (N − n(t) + 0.5) / (n(t) + 0.5))
 //! bm25(c) = Σ_t w(t) · idf(t) · tf(t,c)·(k1+1) / (tf(t,c) + k1·(1 − b + b·len(c)/avgdl))
 //! score(c) = bm25(c) · (0.8 + 0.4·p) + 0.01·p
 //! ```
 //!
-//! with `k1 = 1.2`, `b = 0.75`, `avgdl =` [`AVG_CHUNK_TERMS`] and `p` the
-//! resource's `annotations.priority` (0.5 when absent). Priority scales the
-//! relevance by ±20% and, when relevance ties (as with no matching term at
-//! all), decides alone. Forced resources (a selection or `@server:uri`
-//! mentions) rank before everything else; remaining ties go to resource
-//! order, then to document order.
+//! with `p` the resource's `annotations.priority` (0.5 when absent).
+//! Priority scales the relevance by ±20% and, when relevance ties (as with
+//! no matching term at all), decides alone. Forced resources (a selection
+//! or `@server:uri` mentions) rank before everything else: first the best
+//! chunk of each (so each mentioned resource gets in while any chunk of it
+//! fits), then their other chunks; remaining ties go to resource order,
+//! then to document order.
 //!
 //! # The query
 //!
@@ -50,13 +59,12 @@
 //! takes its highest weight.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
 use async_openai::types::chat::{
     ChatCompletionRequestMessage, ChatCompletionRequestUserMessageContent, ChatCompletionRequestUserMessageContentPart,
     CreateChatCompletionRequest,
 };
-use bm25::{Embedder, EmbedderBuilder, Language};
 use serde::{Deserialize, Serialize};
 use text_splitter::{ChunkConfig, MarkdownSplitter, TextSplitter};
 
@@ -76,10 +84,13 @@ pub const DEFAULT_CHUNK_OVERLAP: usize = 30;
 pub const EARLIER_TURN_WEIGHT: f32 = 0.5;
 /// How many user turns before the latest count in the query.
 pub const EARLIER_TURNS: usize = 3;
-/// BM25's average document length, in terms after stop-word removal: fixed
-/// (about what a default chunk holds) so a chunk's weights depend only on
-/// its own text and can be cached with it.
-pub const AVG_CHUNK_TERMS: f32 = 150.0;
+/// BM25's term-frequency saturation (the usual value).
+pub const K1: f32 = 1.2;
+/// BM25's length normalisation (the usual value).
+pub const B: f32 = 0.75;
+/// How much an occurrence in the resource's name or title counts, against
+/// one in the chunk's text: a title says what the whole resource is about.
+pub const FIELD_WEIGHT: f32 = 2.0;
 /// Entries the chunk index holds before it keeps only the most recent use.
 const INDEX_LIMIT: usize = 8192;
 
@@ -177,22 +188,19 @@ impl Query {
 
     /// Distinct terms with their weight (the highest among the turns that
     /// contain them), sorted by term.
-    fn terms(&self) -> Vec<(u32, f32)> {
-        let mut terms: HashMap<u32, f32> = HashMap::new();
+    fn terms(&self) -> Vec<(u64, f32)> {
+        let mut terms: HashMap<u64, f32> = HashMap::new();
         for (text, w) in &self.turns {
-            for t in EMBEDDER.embed(text).indices() {
-                let e = terms.entry(*t).or_insert(0.0);
+            terms::each(text, |_, t| {
+                let e = terms.entry(t).or_insert(0.0);
                 *e = e.max(*w);
-            }
+            });
         }
         let mut v: Vec<_> = terms.into_iter().collect();
         v.sort_by_key(|(t, _)| *t);
         v
     }
 }
-
-static EMBEDDER: LazyLock<Embedder> =
-    LazyLock::new(|| EmbedderBuilder::with_avgdl(AVG_CHUNK_TERMS).language_mode(Language::English).build());
 
 /// One passage of a resource body.
 #[derive(Debug, Clone)]
@@ -202,14 +210,15 @@ pub(crate) struct Chunk {
     pub end: usize,
     /// Its tokens.
     pub tokens: usize,
-    /// BM25 term-frequency weights, sorted by term.
-    terms: Box<[(u32, f32)]>,
+    /// Its length in terms (BM25's document length).
+    len: u32,
+    /// `(term, count)`, sorted by term.
+    terms: Box<[(u64, u16)]>,
 }
 
-impl Chunk {
-    fn weight(&self, term: u32) -> f32 {
-        self.terms.binary_search_by_key(&term, |(t, _)| *t).map_or(0.0, |i| self.terms[i].1)
-    }
+/// How often `term` occurs in `terms` (sorted by term).
+fn count_of(terms: &[(u64, u16)], term: u64) -> u16 {
+    terms.binary_search_by_key(&term, |(t, _)| *t).map_or(0, |i| terms[i].1)
 }
 
 /// A resource cut into chunks, for one encoding and chunk size.
@@ -220,11 +229,16 @@ pub(crate) struct Chunked {
     pub head: String,
     /// Where the body starts in `head`.
     pub body_start: usize,
+    /// Tokens of the opening line (`head[..body_start]`).
+    pub open_tokens: usize,
     /// The chunks, in document order.
     pub chunks: Vec<Chunk>,
     /// Byte offset in the body where each token of the body ends: the token
     /// count of any stretch without tokenising it again.
     pub token_ends: Vec<u32>,
+    /// `(term, count)` of the resource's name and title, sorted by term:
+    /// they describe every chunk (see "Ranking" in the module docs).
+    fields: Box<[(u64, u16)]>,
 }
 
 impl Chunked {
@@ -236,12 +250,269 @@ impl Chunked {
     /// About how many tokens `body[a..b]` holds: tokens of the whole body
     /// that end within it.
     pub fn tokens_between(&self, a: usize, b: usize) -> usize {
-        let end = |x: usize| self.token_ends.partition_point(|&e| (e as usize) <= x);
-        end(b).saturating_sub(end(a))
+        tokens_between(&self.token_ends, a, b)
+    }
+
+    /// A lower bound of this block's tokens when it goes in whole, for
+    /// `auto` mode to tell without packing that everything cannot fit: the
+    /// opening line and the body count apart exactly (`budget::body_tokens`)
+    /// when the encoding is additive and the body does not start with a
+    /// newline or `/`; else 0.
+    fn whole_tokens_at_least(&self, tok: &Tokenizer) -> usize {
+        if tok.is_additive() && !self.body().starts_with(['\n', '\r', '/']) {
+            self.open_tokens + self.token_ends.len()
+        } else {
+            0
+        }
     }
 }
 
-/// Chunks and their weights by content, shared across requests: built once
+/// Tokens whose end offset (in `ends`, ascending) is in `(a, b]`.
+fn tokens_between(ends: &[u32], a: usize, b: usize) -> usize {
+    let end = |x: usize| ends.partition_point(|&e| (e as usize) <= x);
+    end(b).saturating_sub(end(a))
+}
+
+/// `text-splitter`'s sizer for one body: a candidate chunk is a slice of
+/// the body, so its size is read off the body's token offsets (counted once
+/// with the model's encoder) instead of encoding every candidate again; the
+/// splitter tries many. Text that is not a slice of the body (never, in
+/// text-splitter 0.33) is encoded.
+struct OffsetSizer<'a> {
+    body: &'a str,
+    ends: &'a [u32],
+    tok: Tokenizer,
+}
+
+impl text_splitter::ChunkSizer for OffsetSizer<'_> {
+    fn size(&self, chunk: &str) -> usize {
+        let at = (chunk.as_ptr() as usize).wrapping_sub(self.body.as_ptr() as usize);
+        if at <= self.body.len() && chunk.len() <= self.body.len() - at {
+            tokens_between(self.ends, at, at + chunk.len())
+        } else {
+            self.tok.count(chunk)
+        }
+    }
+}
+
+/// Term analysis, the same for chunks, names and queries.
+///
+/// Words are Unicode words (UAX #29, `unicode-segmentation`), folded to
+/// ASCII (`deunicode`: `é` → `e`, `’` → `'`) and lower-cased; NLTK's English
+/// stop words are dropped (`stop-words`) and the rest reduced to their
+/// Snowball English stem (`rust-stemmers`): the analysis of the `bm25`
+/// crate's English tokenizer, run word by word so each term keeps its
+/// offset. A word that joins parts the way identifiers do (`sys.stdout`,
+/// `__init__`, `UnboundLocalError`, `HTTPServer`) also gives each part, so a
+/// question about `popen` finds `os.popen()`; the whole word is kept as one
+/// more term (unstemmed), so the exact identifier still scores highest.
+/// Terms are 64-bit hashes (SipHash with fixed keys: the same in every
+/// process, so rankings are reproducible).
+mod terms {
+    use std::cell::RefCell;
+    use std::collections::{HashMap, HashSet};
+    use std::hash::{Hash, Hasher};
+    use std::sync::LazyLock;
+
+    use rust_stemmers::{Algorithm, Stemmer};
+    use unicode_segmentation::UnicodeSegmentation;
+
+    static STEMMER: LazyLock<Stemmer> = LazyLock::new(|| Stemmer::create(Algorithm::English));
+    static STOP_WORDS: LazyLock<HashSet<String>> = LazyLock::new(|| {
+        stop_words::get(stop_words::LANGUAGE::English).iter().map(|w| deunicode::deunicode(w).to_lowercase()).collect()
+    });
+
+    fn id(term: &str) -> u64 {
+        let mut h = std::hash::DefaultHasher::new();
+        term.hash(&mut h);
+        h.finish()
+    }
+
+    /// `word` folded to lower-case ASCII into `buf`.
+    fn fold(word: &str, buf: &mut String) {
+        buf.clear();
+        if word.is_ascii() {
+            buf.push_str(word);
+            buf.make_ascii_lowercase();
+        } else {
+            let ascii = deunicode::deunicode_with_tofu_cow(word, "");
+            buf.extend(ascii.trim().chars().map(|c| c.to_ascii_lowercase()));
+        }
+    }
+
+    thread_local! {
+        /// Folded words seen on this thread and their terms (`None`: a stop
+        /// word). Stemming is most of the cost of analysing text, and a
+        /// knowledge base repeats a vocabulary of some thousand words.
+        static SEEN: RefCell<Seen> = RefCell::default();
+    }
+    /// Words [`SEEN`] holds before it starts over.
+    const SEEN_LIMIT: usize = 100_000;
+
+    /// Folded words by a keyed 64-bit hash of their text (`ahash`, random
+    /// per thread: a server cannot aim collisions at it), mapped to their
+    /// term.
+    #[derive(Default)]
+    struct Seen {
+        key: ahash::RandomState,
+        terms: HashMap<u64, Option<u64>, std::hash::BuildHasherDefault<Identity>>,
+    }
+
+    /// The key is a keyed hash already: use it as is.
+    #[derive(Default)]
+    struct Identity(u64);
+
+    impl Hasher for Identity {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for b in bytes {
+                self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+            }
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = n;
+        }
+    }
+
+    /// The term of a plain word, `None` for a stop word.
+    fn term(word: &str, buf: &mut String, seen: &mut Seen) -> Option<u64> {
+        fold(word, buf);
+        if buf.is_empty() {
+            return None;
+        }
+        let key = seen.key.hash_one(buf.as_bytes());
+        if let Some(t) = seen.terms.get(&key) {
+            return *t;
+        }
+        let t = (!STOP_WORDS.contains(buf.as_str())).then(|| id(&STEMMER.stem(buf)));
+        if seen.terms.len() >= SEEN_LIMIT {
+            seen.terms.clear();
+        }
+        seen.terms.insert(key, t);
+        t
+    }
+
+    /// Byte ranges of the parts of an identifier-like word: split at `.`
+    /// and `_`, and where a lower-case letter or digit meets an upper-case
+    /// one (`localError`), or an upper-case run meets a word (`HTTPServer`).
+    fn parts(word: &str, out: &mut Vec<(usize, usize)>) {
+        out.clear();
+        if word.is_ascii() && !word.bytes().skip(1).any(|b| b == b'.' || b == b'_' || b.is_ascii_uppercase()) {
+            out.push((0, word.len()));
+            return;
+        }
+        let mut start = None;
+        let mut prev: Option<char> = None;
+        let mut chars = word.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            if c == '.' || c == '_' {
+                if let Some(s) = start.take() {
+                    out.push((s, i));
+                }
+                prev = None;
+                continue;
+            }
+            let next = chars.peek().map(|(_, n)| *n);
+            let cut = match prev {
+                Some(p) if c.is_uppercase() => {
+                    p.is_lowercase() || p.is_ascii_digit() || (p.is_uppercase() && next.is_some_and(char::is_lowercase))
+                }
+                _ => false,
+            };
+            match start {
+                Some(s) if cut => {
+                    out.push((s, i));
+                    start = Some(i);
+                }
+                None => start = Some(i),
+                _ => {}
+            }
+            prev = Some(c);
+        }
+        if let Some(s) = start {
+            out.push((s, word.len()));
+        }
+    }
+
+    /// Calls `emit(offset, term)` for each term of `text`, in order.
+    pub(super) fn each(text: &str, mut emit: impl FnMut(usize, u64)) {
+        let mut buf = String::new();
+        let mut ranges = Vec::new();
+        SEEN.with_borrow_mut(|seen| {
+            for (at, word) in text.unicode_word_indices() {
+                parts(word, &mut ranges);
+                for &(a, b) in &ranges {
+                    if let Some(t) = term(&word[a..b], &mut buf, seen) {
+                        emit(at + a, t);
+                    }
+                }
+            }
+        })
+    }
+
+    /// `(term, count)` of `text`, sorted by term.
+    pub(super) fn counts(text: &str) -> Vec<(u64, u16)> {
+        let mut all = Vec::new();
+        each(text, |_, t| all.push(t));
+        tally(&mut all)
+    }
+
+    /// `(term, count)` of a list of terms (sorted in place), sorted by term.
+    pub(super) fn tally(terms: &mut [u64]) -> Vec<(u64, u16)> {
+        terms.sort_unstable();
+        let mut out: Vec<(u64, u16)> = Vec::new();
+        for &t in terms.iter() {
+            match out.last_mut() {
+                Some((last, n)) if *last == t => *n = n.saturating_add(1),
+                _ => out.push((t, 1)),
+            }
+        }
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn split(word: &str) -> Vec<&str> {
+            let mut v = Vec::new();
+            parts(word, &mut v);
+            v.into_iter().map(|(a, b)| &word[a..b]).collect()
+        }
+
+        #[test]
+        fn identifiers_split_into_parts() {
+            assert_eq!(split("sys.stdout"), ["sys", "stdout"]);
+            assert_eq!(split("__init__"), ["init"]);
+            assert_eq!(split("UnboundLocalError"), ["Unbound", "Local", "Error"]);
+            assert_eq!(split("HTTPServer"), ["HTTP", "Server"]);
+            assert_eq!(split("utf8Decode"), ["utf8", "Decode"]);
+            assert_eq!(split("don't"), ["don't"]);
+            assert_eq!(split("Python"), ["Python"]);
+        }
+
+        #[test]
+        fn words_are_folded_stemmed_and_stop_words_dropped() {
+            let all = |text: &str| {
+                let mut v = Vec::new();
+                each(text, |at, t| v.push((at, t)));
+                v
+            };
+            let stem = |w: &str| id(&STEMMER.stem(w));
+            assert_eq!(all("The migrating Pénguins"), [(4, stem("migrate")), (14, stem("penguin"))]);
+            assert_eq!(all("migrate"), all("MIGRATES").iter().map(|(_, t)| (0, *t)).collect::<Vec<_>>());
+            // An identifier gives its parts.
+            assert_eq!(all("os.popen()"), [(0, stem("os")), (3, stem("popen"))]);
+            let terms = |text: &str| all(text).into_iter().map(|(_, t)| t).collect::<Vec<_>>();
+            assert_eq!(terms("_SomeClassName__spam"), [stem("class"), stem("name"), stem("spam")]);
+            assert!(counts("the and of").is_empty());
+        }
+    }
+}
+
+/// Chunks and their terms by content, shared across requests: built once
 /// per content version. Keyed by the address of the contents' `Arc`, which
 /// the entry keeps alive (so the address cannot be reused by other contents
 /// while the entry exists), with the encoding and the listing metadata the
@@ -257,6 +528,12 @@ struct Entry {
     meta: (String, Option<String>, Option<String>),
     chunked: Arc<Chunked>,
     used: u64,
+}
+
+impl Entry {
+    fn shows(&self, r: &Resource) -> bool {
+        self.meta.0 == r.name && self.meta.1 == r.title && self.meta.2 == r.mime_type
+    }
 }
 
 impl std::fmt::Debug for ChunkIndex {
@@ -277,7 +554,7 @@ impl ChunkIndex {
 
     /// Number of resources whose chunks are kept.
     pub fn len(&self) -> usize {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.lock().len()
     }
 
     /// True when nothing is kept.
@@ -285,23 +562,34 @@ impl ChunkIndex {
         self.len() == 0
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, &'static str), Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The chunks of this resource's contents if they were cut already.
+    fn peek(&self, tok: &Tokenizer, resource: &Resource, contents: &Arc<Contents>) -> Option<Arc<Chunked>> {
+        let key = (Arc::as_ptr(contents) as usize, tok.encoding());
+        let mut entries = self.lock();
+        let e = entries.get_mut(&key).filter(|e| Arc::ptr_eq(&e.contents, contents) && e.shows(resource))?;
+        e.used = USE_CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(e.chunked.clone())
+    }
+
+    /// Chunks and indexes this resource's contents now if they were not
+    /// yet (a request does it for what it finds missing; this is for
+    /// warming an index ahead of requests, and for the benchmarks).
+    pub fn prepare(&self, tok: &Tokenizer, resource: &Resource, contents: &Arc<Contents>) {
+        self.get(tok, resource, contents);
+    }
+
     /// The chunks of this resource's contents, cut now if they were not yet.
     pub(crate) fn get(&self, tok: &Tokenizer, resource: &Resource, contents: &Arc<Contents>) -> Arc<Chunked> {
-        let key = (Arc::as_ptr(contents) as usize, tok.encoding());
-        let meta = (resource.name.clone(), resource.title.clone(), resource.mime_type.clone());
-        let now = USE_CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        {
-            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(e) = entries.get_mut(&key)
-                && Arc::ptr_eq(&e.contents, contents)
-                && e.meta == meta
-            {
-                e.used = now;
-                return e.chunked.clone();
-            }
+        if let Some(c) = self.peek(tok, resource, contents) {
+            return c;
         }
         let chunked = Arc::new(self.chunk(tok, resource, contents));
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let now = USE_CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut entries = self.lock();
         if entries.len() >= INDEX_LIMIT {
             // Keep the most recently used half: the resources of the
             // current requests, not versions replaced long ago.
@@ -310,11 +598,14 @@ impl ChunkIndex {
             let cut = ages[ages.len() / 2];
             entries.retain(|_, e| e.used > cut);
         }
+        let meta = (resource.name.clone(), resource.title.clone(), resource.mime_type.clone());
+        let key = (Arc::as_ptr(contents) as usize, tok.encoding());
         entries.insert(key, Entry { contents: contents.clone(), meta, chunked: chunked.clone(), used: now });
         chunked
     }
 
-    /// Cuts one resource (CPU-bound).
+    /// Cuts one resource (CPU-bound): the body is encoded once, and both
+    /// the splitter's sizes and the chunks' token counts are read off that.
     pub(crate) fn chunk(&self, tok: &Tokenizer, resource: &Resource, contents: &Contents) -> Chunked {
         let mut head = String::new();
         render_head_into(&mut head, resource, contents);
@@ -328,8 +619,20 @@ impl ChunkIndex {
                 None => None,
             })
             .is_some_and(|m| m.eq_ignore_ascii_case("text/markdown"));
+        // Encode the head once: when the opening line and the body count
+        // apart exactly (see `Chunked::whole_tokens_at_least`), the head's
+        // tokens are the line's then the body's.
+        let (open_tokens, token_ends) = if tok.is_additive() && !body.starts_with(['\n', '\r', '/']) {
+            let ends = tok.token_ends(&head);
+            let open = ends.partition_point(|&e| (e as usize) <= body_start);
+            debug_assert_eq!(open, tok.count(&head[..body_start]));
+            (open, ends[open..].iter().map(|e| e - body_start as u32).collect())
+        } else {
+            (tok.count(&head[..body_start]), tok.token_ends(body))
+        };
+        let sizer = OffsetSizer { body, ends: &token_ends, tok: *tok };
         let config = ChunkConfig::new(self.chunk_tokens)
-            .with_sizer(tok.bpe())
+            .with_sizer(sizer)
             .with_overlap(self.overlap)
             .expect("overlap is at most half the chunk size");
         let ranges: Vec<(usize, usize)> = if markdown {
@@ -337,24 +640,28 @@ impl ChunkIndex {
         } else {
             TextSplitter::new(config).chunk_indices(body).map(|(o, s)| (o, o + s.len())).collect()
         };
-        let mut token_ends = Vec::new();
-        let mut at = 0u32;
-        for t in tok.bpe().encode_ordinary(body) {
-            at += tok.bpe().decode_bytes(&[t]).map_or(0, |b| b.len()) as u32;
-            token_ends.push(at);
-        }
-        let mut chunked =
-            Chunked { body_start, chunks: Vec::with_capacity(ranges.len()), token_ends, head: String::new() };
-        for (start, end) in ranges {
-            let text = &body[start..end];
-            let mut terms: Vec<(u32, f32)> = EMBEDDER.embed(text).iter().map(|e| (e.index, e.value)).collect();
-            terms.sort_by_key(|t| t.0);
-            terms.dedup_by_key(|(t, _)| *t);
-            let tokens = chunked.tokens_between(start, end).max(1);
-            chunked.chunks.push(Chunk { start, end, tokens, terms: terms.into_boxed_slice() });
-        }
-        chunked.head = head;
-        chunked
+        // Terms of the body once, then each chunk takes those in its range
+        // (neighbours overlap: their shared words are analysed once).
+        let mut all: Vec<(u32, u64)> = Vec::with_capacity(body.len() / 5);
+        terms::each(body, |at, t| all.push((at as u32, t)));
+        let mut scratch = Vec::new();
+        let chunks = ranges
+            .into_iter()
+            .map(|(start, end)| {
+                let a = all.partition_point(|(at, _)| (*at as usize) < start);
+                let b = all.partition_point(|(at, _)| (*at as usize) < end);
+                scratch.clear();
+                scratch.extend(all[a..b].iter().map(|(_, t)| *t));
+                let terms = terms::tally(&mut scratch).into_boxed_slice();
+                let tokens = tokens_between(&token_ends, start, end).max(1);
+                Chunk { start, end, tokens, len: (b - a) as u32, terms }
+            })
+            .collect();
+        let name = match resource.title.as_deref() {
+            Some(t) if t != resource.name => format!("{}\n{t}", resource.name),
+            _ => resource.name.clone(),
+        };
+        Chunked { open_tokens, chunks, token_ends, fields: terms::counts(&name).into_boxed_slice(), body_start, head }
     }
 }
 
@@ -396,12 +703,17 @@ pub(crate) fn compose_with_mode(
         SelectMode::Priority => {
             return Composed { composition: by_priority(), mode: SelectMode::Priority, warnings };
         }
-        SelectMode::Auto => {
+        // Packing by priority renders every visible resource; when the
+        // chunk index already shows that the blocks alone exceed the
+        // budget, it could not fit, so skip it (the warm path of a large
+        // knowledge base). Otherwise try it: it is the answer if it fits.
+        SelectMode::Auto if !exceeds(tok, index, items, budget) => {
             let c = by_priority();
             if c.dropped.is_empty() && c.included.iter().all(|i| !i.truncated) {
                 return Composed { composition: c, mode: SelectMode::Priority, warnings };
             }
         }
+        SelectMode::Auto => {}
         SelectMode::Relevance => {}
     }
     if query.is_none() {
@@ -409,6 +721,22 @@ pub(crate) fn compose_with_mode(
     }
     let composition = compose_relevant(tok, cache, index, preamble, budget, items, query);
     Composed { composition, mode: SelectMode::Relevance, warnings }
+}
+
+/// True when the resources already in `index` need more than `budget`
+/// tokens whole, by [`Chunked::whole_tokens_at_least`] (a lower bound, so
+/// `true` means that packing by priority would cut or drop something).
+fn exceeds(tok: &Tokenizer, index: &ChunkIndex, items: &[Candidate<'_>], budget: usize) -> bool {
+    let mut at_least = 0;
+    for c in items {
+        if let Some(chunked) = index.peek(tok, c.resource, c.contents) {
+            at_least += chunked.whole_tokens_at_least(tok);
+            if at_least > budget {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// The pure middle of relevance mode, for callers that read resources
@@ -443,26 +771,55 @@ pub(crate) fn compose_relevant(
 ) -> Composition {
     let chunked: Vec<Arc<Chunked>> = items.iter().map(|c| index.get(tok, c.resource, c.contents)).collect();
     let terms = query.map(Query::terms).unwrap_or_default();
-    // Document frequencies over the visible chunks only.
+    // Document frequencies and the average length over the visible chunks only.
     let n: usize = chunked.iter().map(|c| c.chunks.len()).sum();
+    let total_len: u64 = chunked.iter().flat_map(|c| &c.chunks).map(|c| u64::from(c.len)).sum();
+    let avgdl = (total_len as f32 / n.max(1) as f32).max(1.0);
+    let tf = |c: &Chunked, chunk: &Chunk, t: u64| -> f32 {
+        f32::from(count_of(&chunk.terms, t)) + FIELD_WEIGHT * f32::from(count_of(&c.fields, t))
+    };
     let idf: Vec<f32> = terms
         .iter()
         .map(|(t, _)| {
-            let df = chunked.iter().flat_map(|c| &c.chunks).filter(|c| c.weight(*t) > 0.0).count() as f32;
+            let df = chunked
+                .iter()
+                .flat_map(|c| c.chunks.iter().map(move |k| (c, k)))
+                .filter(|(c, k)| tf(c, k, *t) > 0.0)
+                .count() as f32;
             (1.0 + (n as f32 - df + 0.5) / (df + 0.5)).ln()
         })
         .collect();
+    let (k1, b) = (K1, B);
     let mut ranked: Vec<(usize, usize, f32)> = Vec::with_capacity(n);
     for (r, (c, item)) in chunked.iter().zip(items).enumerate() {
         let p = item.resource.annotations.priority.unwrap_or(crate::context::DEFAULT_PRIORITY);
         for (k, chunk) in c.chunks.iter().enumerate() {
-            let bm25: f32 = terms.iter().zip(&idf).map(|((t, w), idf)| w * idf * chunk.weight(*t)).sum();
+            let norm = k1 * (1.0 - b + b * chunk.len as f32 / avgdl);
+            let bm25: f32 = terms
+                .iter()
+                .zip(&idf)
+                .map(|((t, w), idf)| {
+                    let f = tf(c, chunk, *t);
+                    if f > 0.0 { w * idf * f * (k1 + 1.0) / (f + norm) } else { 0.0 }
+                })
+                .sum();
             ranked.push((r, k, bm25 * (0.8 + 0.4 * p) + 0.01 * p));
         }
     }
-    ranked.sort_by(|a, b| {
-        items[b.0].forced.cmp(&items[a.0].forced).then(b.2.total_cmp(&a.2)).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1))
-    });
+    // Each forced resource's best chunk first (so every mentioned resource
+    // gets in while anything of it fits), then their other chunks, then the
+    // rest, each by score.
+    let mut best: Vec<Option<(usize, f32)>> = vec![None; items.len()];
+    for &(r, k, score) in &ranked {
+        if best[r].is_none_or(|(_, s)| score > s) {
+            best[r] = Some((k, score));
+        }
+    }
+    let rank = |&(r, k, _): &(usize, usize, f32)| {
+        let forced = items[r].forced;
+        (forced && best[r].is_some_and(|(b, _)| b == k), forced)
+    };
+    ranked.sort_by(|a, b| rank(b).cmp(&rank(a)).then(b.2.total_cmp(&a.2)).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
     let blocks: Vec<PassageBlock<'_>> =
         items.iter().zip(&chunked).map(|(item, c)| PassageBlock { id: &item.resource.id, chunked: c }).collect();
     let packed: Passages = pack_passages(tok, cache, preamble, budget, &blocks, &ranked);
@@ -632,6 +989,23 @@ mod tests {
         let over = run(&v, whole.tokens - 1, SelectMode::Auto, Some("penguins"));
         assert_eq!(over.mode, SelectMode::Relevance);
         assert!(over.composition.tokens < whole.tokens);
+        // With every resource already chunked, `auto` decides from the index
+        // without packing by priority first: the same answer at the edge.
+        let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP);
+        let cache = TokenCache::new();
+        let it = items(&v, &[]);
+        let q = Query::text("penguins");
+        let auto = |budget| {
+            compose_with_mode(&tok(), &cache, &index, DEFAULT_PREAMBLE, budget, &it, SelectMode::Auto, Some(&q))
+        };
+        assert_eq!(auto(whole.tokens - 1).mode, SelectMode::Relevance);
+        assert_eq!(index.len(), v.len());
+        assert!(exceeds(&tok(), &index, &it, whole.tokens - 200));
+        assert!(!exceeds(&tok(), &index, &it, whole.tokens));
+        let edge = whole.tokens;
+        let fits = auto(edge);
+        assert_eq!((fits.mode, fits.composition), (SelectMode::Priority, whole));
+        assert_eq!(auto(edge - 1).mode, SelectMode::Relevance);
     }
 
     #[test]
@@ -643,6 +1017,37 @@ mod tests {
         let c = compose_relevant(&tok(), &TokenCache::new(), &index, DEFAULT_PREAMBLE, 700, &items(&v, &[2]), Some(&q));
         let ids: Vec<&str> = c.included.iter().map(|i| i.id.as_str()).collect();
         assert_eq!(ids, ["kb:doc://gamma"]);
+    }
+
+    #[test]
+    fn every_forced_resource_gets_its_best_chunk_in_first() {
+        let v = corpus();
+        let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP);
+        // Every alpha chunk matches "alpha", none of delta's does; both are
+        // mentioned and two chunks fit: one of each, not two of alpha.
+        let q = Query::text("alpha notes");
+        let c =
+            compose_relevant(&tok(), &TokenCache::new(), &index, DEFAULT_PREAMBLE, 700, &items(&v, &[0, 3]), Some(&q));
+        let ids: Vec<&str> = c.included.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["kb:doc://alpha", "kb:doc://delta"]);
+        // Unforced, alpha's chunks outrank delta's.
+        let c = compose_relevant(&tok(), &TokenCache::new(), &index, DEFAULT_PREAMBLE, 700, &items(&v, &[]), Some(&q));
+        let ids: Vec<&str> = c.included.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["kb:doc://alpha"]);
+    }
+
+    #[test]
+    fn a_title_counts_for_every_chunk() {
+        // Two documents of the same filler; one is titled with the query's word.
+        let mut v = vec![res("doc://a", &doc("plain", 12), None, None), res("doc://b", &doc("plain", 12), None, None)];
+        v[1].0.title = Some("Penguin handbook".into());
+        let c = run(&v, 400, SelectMode::Relevance, Some("penguin"));
+        let scores = |id: &str| -> Vec<f64> {
+            let i = c.composition.included.iter().find(|i| i.id == id);
+            i.map(|i| i.chunks.as_ref().unwrap().iter().map(|k| k.score).collect()).unwrap_or_default()
+        };
+        let (a, b) = (scores("kb:doc://a"), scores("kb:doc://b"));
+        assert!(!b.is_empty() && b.iter().all(|s| *s > 0.1 && a.iter().all(|a| a < s)), "{a:?} {b:?}");
     }
 
     #[test]
@@ -711,10 +1116,14 @@ mod tests {
             .unwrap();
         let q = Query::from_chat(&req).unwrap();
         assert_eq!(q.turns, [("when do they migrate".to_owned(), 1.0), ("tell me about penguins".to_owned(), 0.5)]);
-        let penguin = EMBEDDER.embed("penguins").indices().next().copied().unwrap();
-        let migrate = EMBEDDER.embed("migrate").indices().next().copied().unwrap();
+        let term = |w: &str| {
+            let mut v = Vec::new();
+            terms::each(w, |_, t| v.push(t));
+            v[0]
+        };
+        let (penguin, migrate) = (term("penguins"), term("migrate"));
         let terms = q.terms();
-        let w = |t: u32| terms.iter().find(|x| x.0 == t).unwrap().1;
+        let w = |t: u64| terms.iter().find(|x| x.0 == t).unwrap().1;
         assert_eq!((w(migrate), w(penguin)), (1.0, 0.5));
     }
 
@@ -732,8 +1141,10 @@ mod tests {
             budget in prop_oneof![0usize..300, 0usize..3000],
             chunk in 16usize..200,
             query in words(),
+            model in prop::sample::select(vec!["gpt-4o", "gpt-4", "davinci"]),
         ) {
-            let t = tok();
+            // o200k and cl100k count by pieces; r50k recounts the message.
+            let t = Tokenizer::for_model(model).0;
             let v: Vec<_> = texts
                 .iter()
                 .enumerate()

@@ -109,10 +109,25 @@ async fn auto_switches_exactly_when_the_visible_content_stops_fitting() {
     let (over, report) = ctx.build(&req("eve", whole.tokens - 1, "penguins")).await.unwrap();
     assert_eq!(report.mode, Some(SelectMode::Relevance));
     assert!(over.unwrap().tokens < whole.tokens);
-    // Identical inputs, identical bytes (through the memo and without it).
+    // Now every resource is chunked, and `auto` may decide from the index:
+    // still priority at the exact fit, relevance one token under (new
+    // queries, so nothing comes from the composition memo).
+    let (fits, report) = ctx.build(&req("eve", whole.tokens, "penguins that fly")).await.unwrap();
+    assert_eq!(report.mode, Some(SelectMode::Priority));
+    assert_eq!(fits.unwrap().content, whole.content);
+    let (_, report) = ctx.build(&req("eve", whole.tokens - 1, "penguins that fly")).await.unwrap();
+    assert_eq!(report.mode, Some(SelectMode::Relevance));
+    // Identical inputs, identical bytes: from the memo, and from a second
+    // engine (its own server process, chunk index and caches).
     let (a, _) = ctx.build(&req("eve", 900, "penguins that cannot fly")).await.unwrap();
     let (b, _) = ctx.build(&req("eve", 900, "penguins that cannot fly")).await.unwrap();
-    assert_eq!(a.unwrap().content, b.unwrap().content);
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.content, b.content);
+    let other = engine(dir.path(), &log, &t).await;
+    let (c, report) = other.build(&req("eve", 900, "penguins that cannot fly")).await.unwrap();
+    assert_eq!((report.mode, report.cache_hits), (Some(SelectMode::Relevance), 0));
+    assert_eq!(c.unwrap().content, a.content);
+    other.close().await;
     ctx.close().await;
     let _ = std::fs::remove_file(log);
 }
@@ -123,13 +138,22 @@ async fn mentioned_resources_go_in_first() {
     let log = dir.path().join("..").join(format!("reads-{t}.log"));
     let ctx = engine(dir.path(), &log, &t).await;
     // The query matches nothing in the finance handbook; mentioned, it still fills the budget first.
-    let id = ResourceId::new("kb", "kb://a-handbook.txt").unwrap();
-    let r = ContextRequest { selection: Some(vec![id]), ..req("alice", 600, "emperor penguins") };
+    let id = |f: &str| ResourceId::new("kb", format!("kb://{f}")).unwrap();
+    let r = ContextRequest { selection: Some(vec![id("a-handbook.txt")]), ..req("alice", 600, "emperor penguins") };
     let (m, report) = ctx.build(&r).await.unwrap();
     assert_eq!(report.mode, Some(SelectMode::Relevance));
     let ids: Vec<&str> = report.included.iter().map(|i| i.id.as_str()).collect();
     assert_eq!(ids, ["kb:kb://a-handbook.txt"]);
     assert!(m.unwrap().content.contains("finance handbook"));
+    // Two mentioned: every chunk of the security text matches "security",
+    // none of the legal handbook's does, and about two chunks fit. Each
+    // mentioned resource still gets its best chunk in.
+    let both = vec![id("secret.txt"), id("b-handbook.txt")];
+    let r = ContextRequest { selection: Some(both), ..req("alice", 800, "security") };
+    let (m, report) = ctx.build(&r).await.unwrap();
+    let ids: Vec<&str> = report.included.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, ["kb:kb://b-handbook.txt", "kb:kb://secret.txt"], "{report:?}");
+    assert!(m.unwrap().content.contains("legal handbook"));
     ctx.close().await;
     let _ = std::fs::remove_file(log);
 }
@@ -170,6 +194,10 @@ fn preview_query_shows_chunks_in_json() {
 /// the entry's block is in the message. Build the data first:
 /// `python3 scripts/python_faq_eval.py /tmp/faq-eval`, then
 /// `FAQ_EVAL=/tmp/faq-eval cargo test --test all eval_python_faq -- --ignored --nocapture`.
+/// With `FAQ_TARGET=1` it fails unless the target holds: at 4000
+/// tokens relevance finds at least 80% of the passages and at least 5 times
+/// as many as priority. `FAQ_MISSES=FILE` writes the questions relevance
+/// missed at 4000 tokens.
 #[tokio::test]
 #[ignore = "needs the evaluation data (scripts/python_faq_eval.py); prints recall"]
 async fn eval_python_faq() {
@@ -183,35 +211,64 @@ async fn eval_python_faq() {
         .filter_map(|l| l.split_once('\t').map(|(q, f)| (q.to_owned(), f.to_owned())))
         .collect();
     let t = tag();
-    // FAQ_CHUNK_TOKENS overrides context.chunk_tokens (default 300), overlap a tenth of it.
-    let chunk: usize = std::env::var("FAQ_CHUNK_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    // FAQ_CHUNK_TOKENS overrides context.chunk_tokens (default: the crate's), overlap a tenth of it.
+    let chunk: usize = std::env::var("FAQ_CHUNK_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(mcp_context::DEFAULT_CHUNK_TOKENS);
     let yaml = format!(
         "servers:\n{}context:\n  chunk_tokens: {chunk}\n  chunk_overlap: {}\n",
         fixture_server("kb", &t, &["--n", "0", "--dir", data.join("kb").to_str().unwrap()]),
         chunk / 10
     );
-    println!("chunk_tokens {chunk}");
     let ctx = McpContext::with_policy(&config(&yaml), Policy::allow_all()).await;
-    println!("{} questions, {} resources", questions.len(), ctx.visible_resources("eval").len());
+    let resources = ctx.visible_resources("eval").len();
+    println!("{} questions, {resources} resources, chunk_tokens {chunk}", questions.len());
+    assert!(questions.len() >= 100 && resources == questions.len(), "incomplete evaluation data in {data:?}");
+    println!("| budget | priority | relevance | relevance / priority |\n|---:|---:|---:|---:|");
+    let mut at_4000 = (0, 0);
     for budget in [2000, 4000, 8000] {
-        for mode in [SelectMode::Priority, SelectMode::Relevance] {
-            let mut hits = 0;
+        let mut hits = [0usize; 2];
+        let mut missed = Vec::new();
+        for (m, mode) in [SelectMode::Priority, SelectMode::Relevance].into_iter().enumerate() {
             for (q, file) in &questions {
                 let r = ContextRequest { select: Some(mode), ..req("eval", budget, q) };
-                let (m, report) = ctx.build(&r).await.unwrap();
+                let (msg, report) = ctx.build(&r).await.unwrap();
                 assert!(report.tokens <= budget);
-                if m.is_some_and(|m| m.content.contains(&format!("<resource id=\"kb:kb://{file}\""))) {
-                    hits += 1;
+                assert_eq!(report.mode, Some(mode));
+                if msg.is_some_and(|msg| msg.content.contains(&format!("<resource id=\"kb:kb://{file}\""))) {
+                    hits[m] += 1;
+                } else if mode == SelectMode::Relevance {
+                    missed.push(format!("{file}\t{q}"));
                 }
             }
-            println!(
-                "budget {budget:>5}  {mode:<9}  recall {hits}/{} = {:.1}%",
-                questions.len(),
-                100.0 * hits as f64 / questions.len() as f64
-            );
+        }
+        let pct = |h: usize| 100.0 * h as f64 / questions.len() as f64;
+        let n = questions.len();
+        println!(
+            "| {budget} | {}/{n} = {:.1}% | {}/{n} = {:.1}% | {:.1}x |",
+            hits[0],
+            pct(hits[0]),
+            hits[1],
+            pct(hits[1]),
+            hits[1] as f64 / hits[0].max(1) as f64
+        );
+        if budget == 4000 {
+            at_4000 = (hits[0], hits[1]);
+            if let Ok(path) = std::env::var("FAQ_MISSES") {
+                std::fs::write(path, missed.join("\n") + "\n").unwrap();
+            }
         }
     }
     ctx.close().await;
+    if std::env::var_os("FAQ_TARGET").is_some() {
+        let (priority, relevance) = at_4000;
+        assert!(
+            relevance * 100 >= questions.len() * 80 && relevance >= 5 * priority,
+            "target missed at 4000 tokens: relevance {relevance}, priority {priority} of {}",
+            questions.len()
+        );
+    }
 }
 
 #[test]
