@@ -93,6 +93,40 @@ fn strip_context_instructions(s: &str) -> &str {
     }
 }
 
+/// The latest user text of a chat-completions (`messages`) or Responses
+/// (`input`) body held as generic JSON: the question relevance mode ranks
+/// passages by when the caller does not give one. A string content is taken
+/// as it is; an array's text parts (`text`, `input_text`) are joined by
+/// newlines. `None` when there is no user text.
+pub fn latest_user_text_json(body: &serde_json::Value) -> Option<String> {
+    fn text_of(content: &serde_json::Value) -> Option<String> {
+        match content {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Array(parts) => {
+                let texts: Vec<&str> = parts
+                    .iter()
+                    .filter(|p| matches!(p.get("type").and_then(|t| t.as_str()), Some("text" | "input_text")))
+                    .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
+                    .collect();
+                (!texts.is_empty()).then(|| texts.join("\n"))
+            }
+            _ => None,
+        }
+    }
+    let items = match (body.get("messages"), body.get("input")) {
+        (Some(serde_json::Value::Array(m)), _) => m,
+        (_, Some(serde_json::Value::String(s))) => return Some(s.clone()).filter(|s| !s.trim().is_empty()),
+        (_, Some(serde_json::Value::Array(i))) => i,
+        _ => return None,
+    };
+    items
+        .iter()
+        .rev()
+        .filter(|m| m.get("role").and_then(|r| r.as_str()) == Some("user"))
+        .filter_map(|m| m.get("content").and_then(text_of))
+        .find(|t| !t.trim().is_empty())
+}
+
 /// [`compose_instructions`] on a Responses body held as generic JSON. Only
 /// `instructions` is touched (set, replaced, or removed when it would be
 /// empty). Returns `false`, changing nothing, when the body is not an object.
@@ -182,5 +216,23 @@ mod tests {
         assert_eq!(serde_json::to_value(&r.messages[0]).unwrap()["role"], "developer");
         inject_message(&mut r, None, MessageRole::Developer);
         assert_eq!(serde_json::to_value(&r.messages).unwrap(), serde_json::to_value(request().messages).unwrap());
+    }
+
+    #[test]
+    fn the_latest_user_text_is_the_query_of_a_json_body() {
+        use serde_json::json;
+        let chat = json!({"messages": [
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": "an answer"},
+            {"role": "user", "content": [{"type": "text", "text": "second"}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "question"}]},
+            {"role": "tool", "content": "tool output", "tool_call_id": "1"}
+        ]});
+        assert_eq!(latest_user_text_json(&chat).as_deref(), Some("second\nquestion"));
+        let blank = json!({"messages": [{"role": "user", "content": "kept"}, {"role": "user", "content": "  "}]});
+        assert_eq!(latest_user_text_json(&blank).as_deref(), Some("kept"));
+        assert_eq!(latest_user_text_json(&json!({"input": "plain input"})).as_deref(), Some("plain input"));
+        let items = json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": "typed"}]}]});
+        assert_eq!(latest_user_text_json(&items).as_deref(), Some("typed"));
+        assert_eq!(latest_user_text_json(&json!({"messages": [{"role": "system", "content": "s"}]})), None);
     }
 }

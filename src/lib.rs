@@ -73,7 +73,7 @@ pub use hub::{Hub, HubEvent, ServerStatus};
 pub use id::ResourceId;
 pub use inject::{
     INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
-    inject_message, inject_message_json, is_context_message, is_context_message_json,
+    inject_message, inject_message_json, is_context_message, is_context_message_json, latest_user_text_json,
 };
 pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use relevance::{

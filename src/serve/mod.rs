@@ -232,13 +232,7 @@ async fn inject_and_forward(state: Shared, req: Request, kind: Kind) -> Result<R
     let (parts, body) = req.into_parts();
     let limit = state.settings.max_body_bytes;
     check_length(&parts.headers, limit)?;
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        if is_length_limit(&e) {
-            ApiError::too_large(limit)
-        } else {
-            ApiError::bad_request("invalid_body", format!("The request body could not be read: {e}"))
-        }
-    })?;
+    let bytes = read_body(body, limit).await?;
     let mut body: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request("invalid_json", format!("The request body is not valid JSON: {e}")))?;
     match kind {
@@ -255,6 +249,9 @@ async fn inject_and_forward(state: Shared, req: Request, kind: Kind) -> Result<R
     let started = Instant::now();
     let mut request = ContextRequest::for_user(user);
     request.model = body.get("model").and_then(|m| m.as_str()).filter(|m| !m.is_empty()).map(str::to_owned);
+    // Relevance mode ranks by the latest user turn (earlier turns are not
+    // weighted in here, unlike the library's typed `inject`).
+    request.query = mcp_context::latest_user_text_json(&body);
     let (message, report) = state.ctx.build(&request).await.map_err(|e| {
         tracing::error!(user = %request.user, "context could not be built: {e}");
         ApiError::new(500, "server_error", "context_failed", format!("The context could not be built: {e}"))
@@ -302,6 +299,17 @@ fn compact_report(r: &Report) -> String {
     )
 }
 
+/// The body, at most `limit` bytes (413 past it, whatever the framing).
+async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if is_length_limit(&e) {
+            ApiError::too_large(limit)
+        } else {
+            ApiError::bad_request("invalid_body", format!("The request body could not be read: {e}"))
+        }
+    })
+}
+
 /// A declared body over the limit is refused before it is read.
 fn check_length(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
     let declared =
@@ -336,8 +344,12 @@ async fn passthrough(State(state): State<Shared>, req: Request) -> Response {
         let path = parts.uri.path().strip_prefix("/v1").unwrap_or(parts.uri.path());
         let path_and_query = format!("{path}{}", parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default());
         let headers = state.upstream.headers_for_upstream(&parts.headers);
-        let body = reqwest::Body::wrap_stream(body.into_data_stream());
-        let relayed = state.upstream.send(Outgoing { method: parts.method, path_and_query, headers, body }).await?;
+        // Read whole, within `max_body_bytes`: a chunked body (no
+        // Content-Length) is bounded like a declared one, and refused with a
+        // 413 before anything reaches the upstream.
+        let body = read_body(body, state.settings.max_body_bytes).await?;
+        let relayed =
+            state.upstream.send(Outgoing { method: parts.method, path_and_query, headers, body: body.into() }).await?;
         state.metrics.upstream("passthrough", relayed.waited.as_secs_f64());
         Ok::<_, ApiError>(relayed.response)
     }
