@@ -53,10 +53,10 @@ use crate::resource::{Contents, Resource};
 
 /// Fewest body tokens worth sending as a truncated block: a shorter excerpt
 /// is mostly marker and rarely helps the model.
-pub const DEFAULT_MIN_USEFUL_TOKENS: usize = 32;
+pub(crate) const DEFAULT_MIN_USEFUL_TOKENS: usize = 32;
 
 /// How many counts a [`TokenCache`] holds before it forgets them all.
-pub const TOKEN_CACHE_LIMIT: usize = 100_000;
+pub(crate) const TOKEN_CACHE_LIMIT: usize = 100_000;
 
 /// The token encoding of a model. Cheap to copy: the encoder tables are
 /// process-wide singletons loaded on first use.
@@ -264,7 +264,7 @@ impl fmt::Debug for TokenCache {
 
 /// What to pack.
 #[derive(Debug, Clone)]
-pub struct PackInput<'a> {
+pub(crate) struct PackInput<'a> {
     /// First paragraph of the message, used verbatim (operator text: it must
     /// not contain lines starting with `<resource`).
     pub preamble: &'a str,
@@ -279,7 +279,7 @@ pub struct PackInput<'a> {
 
 /// The packed message and what went into it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Packed {
+pub(crate) struct Packed {
     /// The message, or `None` when no block fits: then nothing is injected.
     pub content: Option<String>,
     /// Exact token count of `content` (0 when `None`); never over the budget.
@@ -292,7 +292,7 @@ pub struct Packed {
 
 /// One included block.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PackedItem {
+pub(crate) struct PackedItem {
     /// The resource.
     pub id: ResourceId,
     /// Tokens the block adds to the message, closing tag and the blank line
@@ -309,7 +309,7 @@ pub struct PackedItem {
 
 /// One block left out, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dropped {
+pub(crate) struct Dropped {
     /// The resource.
     pub id: ResourceId,
     /// E.g. `needs 812 tokens, 40 left of 4000`: what including it whole
@@ -325,7 +325,7 @@ pub struct Dropped {
 /// boundary, with a `[truncated: kept K of N tokens]` line (body tokens)
 /// before its closing tag, if at least `min_useful_tokens` body tokens fit;
 /// else it is dropped and later, smaller blocks are still tried.
-pub fn pack(tok: &Tokenizer, cache: &TokenCache, input: PackInput<'_>) -> Packed {
+pub(crate) fn pack(tok: &Tokenizer, cache: &TokenCache, input: PackInput<'_>) -> Packed {
     let additive = tok.is_additive() && input.blocks.iter().all(well_formed);
     let mut limit = input.budget;
     loop {
@@ -355,7 +355,7 @@ pub fn pack(tok: &Tokenizer, cache: &TokenCache, input: PackInput<'_>) -> Packed
 /// Returns exactly what `pack` would return for the same blocks, or, when
 /// something does not fit (or the encoding is not additive, or a block is
 /// not well formed), the rendered blocks for `pack` to do the general work.
-pub fn pack_in_place(
+pub(crate) fn pack_in_place(
     tok: &Tokenizer,
     cache: &TokenCache,
     preamble: &str,

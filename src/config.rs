@@ -22,19 +22,19 @@ use serde::Deserialize;
 use crate::cause::redact_url;
 use crate::error::{Error, Result};
 use crate::id::validate_server_name;
-pub use crate::relevance::SelectMode;
+pub(crate) use crate::relevance::SelectMode;
 use crate::yaml::{self, Named, Node, OrderedMap, Pos};
 
 /// Default per-request timeout.
-pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 /// Default token budget of the injected message.
-pub const DEFAULT_MAX_TOKENS: usize = 4000;
+pub(crate) const DEFAULT_MAX_TOKENS: usize = 4000;
 /// Default cap on the text of one resource, applied before tokenising.
-pub const DEFAULT_MAX_RESOURCE_BYTES: usize = 1 << 20;
+pub(crate) const DEFAULT_MAX_RESOURCE_BYTES: usize = 1 << 20;
 /// Default number of reads in flight per server.
-pub const DEFAULT_MAX_CONCURRENT_READS: usize = 16;
+pub(crate) const DEFAULT_MAX_CONCURRENT_READS: usize = 16;
 /// Default cache lifetime for servers that cannot notify us of changes.
-pub const DEFAULT_CACHE_TTL_MS: u64 = 30_000;
+pub(crate) const DEFAULT_CACHE_TTL_MS: u64 = 30_000;
 
 /// Environment variables a stdio server inherits from the host by default.
 /// Everything else must be named in the server's `env` or `inherit_env`: the

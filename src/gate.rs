@@ -172,7 +172,7 @@ fn canonical(s: &str, scheme_byte: impl Fn(u8) -> bool) -> Cow<'_, str> {
 /// backslash, no empty path segment (a trailing `/` is one), no control
 /// character. These are the spellings that servers resolve to a resource
 /// other than the one the string seems to name.
-pub fn hygiene(uri: &str) -> Result<(), Refusal> {
+pub(crate) fn hygiene(uri: &str) -> Result<(), Refusal> {
     let encoded_separator = |s: &str| {
         ["%2e", "%2f", "%5c"].iter().any(|e| s.as_bytes().windows(3).any(|w| w.eq_ignore_ascii_case(e.as_bytes())))
     };

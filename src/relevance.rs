@@ -85,12 +85,12 @@ pub const EARLIER_TURN_WEIGHT: f32 = 0.5;
 /// How many user turns before the latest count in the query.
 pub const EARLIER_TURNS: usize = 3;
 /// BM25's term-frequency saturation (the usual value).
-pub const K1: f32 = 1.2;
+pub(crate) const K1: f32 = 1.2;
 /// BM25's length normalisation (the usual value).
-pub const B: f32 = 0.75;
+pub(crate) const B: f32 = 0.75;
 /// How much an occurrence in the resource's name or title counts, against
 /// one in the chunk's text: a title says what the whole resource is about.
-pub const FIELD_WEIGHT: f32 = 2.0;
+pub(crate) const FIELD_WEIGHT: f32 = 2.0;
 /// Entries the chunk index holds before it keeps only the most recent use.
 const INDEX_LIMIT: usize = 8192;
 
@@ -243,13 +243,13 @@ pub(crate) struct Chunked {
 
 impl Chunked {
     /// The body (what follows the opening line).
-    pub fn body(&self) -> &str {
+    pub(crate) fn body(&self) -> &str {
         &self.head[self.body_start..]
     }
 
     /// About how many tokens `body[a..b]` holds: tokens of the whole body
     /// that end within it.
-    pub fn tokens_between(&self, a: usize, b: usize) -> usize {
+    pub(crate) fn tokens_between(&self, a: usize, b: usize) -> usize {
         tokens_between(&self.token_ends, a, b)
     }
 

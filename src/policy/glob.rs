@@ -17,7 +17,7 @@ use crate::gate::canonical_glob;
 
 /// Most `**` runs one pattern may hold: each doubles the number of globs
 /// compiled and tried, and real policies need one or two.
-pub const MAX_RECURSIVE_RUNS: usize = 4;
+pub(crate) const MAX_RECURSIVE_RUNS: usize = 4;
 
 /// A MIME type's type/subtype, without parameters, trimmed and lower-cased
 /// (RFC 2045: both are case-insensitive): `Text/HTML; charset=utf-8` is `text/html`.
