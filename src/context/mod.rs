@@ -9,6 +9,12 @@
 //! Ordering: `annotations.priority` high to low, a **missing priority counts
 //! as 0.5** (the middle of the spec's 0..1 range: an unannotated resource is
 //! neither promoted nor demoted), then server order in the config, then URI.
+//!
+//! Here: [`McpContext`] and the request flow (`build`, `inject`). The
+//! stages it calls live beside it: `select` (the pure selection step:
+//! candidates, decide, sort), `read` (the deadline-bounded read fan-out),
+//! `memo` (the selection, composition and warm-request memos and when each
+//! is still right).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,18 +29,21 @@ use crate::gate::{Admitted, Refusal, admit};
 use crate::hub::Hub;
 use crate::id::ResourceId;
 use crate::inject::inject_message;
-use crate::policy::{DecisionKey, Policy, UserPolicy};
+use crate::policy::Policy;
 use crate::relevance::{Candidate, ChunkIndex, Query, SelectMode, compose_with_mode};
 use crate::render::DEFAULT_PREAMBLE;
 use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
 use crate::resource::{Contents, Resource};
 use crate::tools::ResourceTools;
 
-/// How a refused requested URI is reported: exactly like one that does not
-/// exist, whatever the reason (the reason is for `policy explain` and tracing).
-fn not_found(id: &ResourceId) -> Excluded {
-    Excluded { id: id.to_string(), reason: ExcludeReason::NotFound, detail: Some(Refusal::NOT_FOUND.into()) }
-}
+mod memo;
+mod read;
+mod select;
+
+use memo::{
+    Composed, CompositionInputs, CompositionKey, CompositionMemo, Connections, SelectionMemo, WarmEntry, WarmKey,
+    WarmMemo,
+};
 
 /// Priority given to resources that carry none.
 pub const DEFAULT_PRIORITY: f32 = 0.5;
@@ -225,34 +234,18 @@ impl McpContext {
     /// see, in listing order. Nothing is read.
     pub fn visible_resources(&self, user: &str) -> Vec<Resource> {
         let up = self.policy().for_user(user);
-        self.candidates(&up).0.into_iter().filter(|r| up.decide(r).allowed).map(Arc::unwrap_or_clone).collect()
+        select::candidates(&self.hub, &up)
+            .0
+            .into_iter()
+            .filter(|r| up.decide(r).allowed)
+            .map(Arc::unwrap_or_clone)
+            .collect()
     }
 
     /// Passes a requested `server:uri` through the gate for `user` (see
     /// [`admit`]); the policy still has to decide on the admitted resource.
     pub fn admit(&self, user: &str, id: &ResourceId) -> std::result::Result<Admitted, Refusal> {
         admit(&self.hub, &self.policy().for_user(user), id)
-    }
-
-    /// Every listed resource plus the user's policy includes that pass the
-    /// gate; the includes it refuses come back apart, for the report.
-    fn candidates(&self, up: &UserPolicy) -> (Vec<Arc<Resource>>, Vec<Excluded>) {
-        let mut all = self.hub.resources_shared();
-        let mut refused = Vec::new();
-        for inc in up.includes() {
-            match admit(&self.hub, up, inc) {
-                Ok(a) => {
-                    if !all.iter().any(|r| r.id == a.resource.id) {
-                        all.push(a.resource);
-                    }
-                }
-                Err(why) => {
-                    tracing::warn!(user = up.user(), include = %inc, reason = %why, "policy include refused by the gate");
-                    refused.push(not_found(inc));
-                }
-            }
-        }
-        (all, refused)
     }
 
     /// Builds the context message for a request. `Ok((None, report))` when
@@ -307,8 +300,10 @@ impl McpContext {
         // selection the answer depends only on the user and the listings, so
         // it is remembered until a listing changes.
         let selection = match &req.selection {
-            None => self.selections.get_or(up.decision_key(), listing_generation, &policy, || self.select(&up, None)),
-            Some(wanted) => Arc::new(self.select(&up, Some(wanted))),
+            None => self
+                .selections
+                .get_or(up.decision_key(), listing_generation, &policy, || select::select(&self.hub, &up, None)),
+            Some(wanted) => Arc::new(select::select(&self.hub, &up, Some(wanted))),
         };
         Arc::make_mut(&mut report.excluded).extend(selection.excluded.iter().cloned());
         let selected = &selection.resources;
@@ -319,7 +314,8 @@ impl McpContext {
         let restarts_before: Vec<u32> = self.hub.status().iter().map(|s| s.restarts).collect();
         // Before the lookup: a reconnection after it must void what is built here.
         let connections = Connections::of(&self.hub, selected);
-        let (reads, hits, stamp) = self.read_within_deadline(selected, &req.user).await;
+        let (reads, hits, stamp) =
+            read::read_within_deadline(&self.hub, &self.cache, self.settings.deadline_ms, selected, &req.user).await;
         report.cache_hits = hits;
         report.cache_misses = selected.len() - hits;
         for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
@@ -466,126 +462,6 @@ impl McpContext {
         Ok(t)
     }
 
-    /// The resources this user may see (or the `wanted` ones of them), in
-    /// injection order, and what was left out and why.
-    fn select(&self, up: &UserPolicy, wanted: Option<&[ResourceId]>) -> Selection {
-        let (candidates, mut excluded) = match wanted {
-            None => self.candidates(up),
-            // Requested ids pass the gate: what is admitted is what the
-            // policy decides on below and what is read.
-            Some(sel) => {
-                let (mut chosen, mut excluded) = (Vec::<Arc<Resource>>::new(), Vec::new());
-                for id in sel {
-                    match admit(&self.hub, up, id) {
-                        Ok(a) if chosen.iter().any(|r| r.id == a.resource.id) => {}
-                        Ok(a) => chosen.push(a.resource),
-                        Err(Refusal::UnknownServer(server)) => excluded.push(Excluded {
-                            id: id.to_string(),
-                            reason: ExcludeReason::Error,
-                            detail: Some(format!("unknown server `{server}`")),
-                        }),
-                        Err(why) => {
-                            tracing::debug!(user = up.user(), requested = %id, reason = %why, "requested URI refused");
-                            excluded.push(not_found(id));
-                        }
-                    }
-                }
-                (chosen, excluded)
-            }
-        };
-        let mut selected = Vec::new();
-        for r in candidates {
-            let d = up.decide(&r);
-            if !d.allowed {
-                excluded.push(Excluded {
-                    id: r.id.to_string(),
-                    reason: ExcludeReason::Denied,
-                    detail: Some(d.detail()),
-                });
-            } else if r.is_user_only() {
-                excluded.push(Excluded {
-                    id: r.id.to_string(),
-                    reason: ExcludeReason::Audience,
-                    detail: Some("annotations.audience is [user]: meant for the human, not the model".into()),
-                });
-            } else {
-                selected.push(r);
-            }
-        }
-        let order = |r: &Arc<Resource>| self.hub.server_index(&r.id.server).unwrap_or(usize::MAX);
-        selected.sort_by(|a, b| {
-            let pa = a.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
-            let pb = b.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
-            pb.total_cmp(&pa).then(order(a).cmp(&order(b))).then_with(|| a.id.uri.cmp(&b.id.uri))
-        });
-        Selection { resources: selected, excluded }
-    }
-
-    /// Reads every selected resource through the cache, concurrently, with
-    /// one timer for the whole injection (`deadline_ms`): what is not read by
-    /// then is a timeout error for that resource; finished reads are kept.
-    /// Also returns how many were answered by the cache up front.
-    async fn read_within_deadline(
-        &self,
-        selected: &[Arc<Resource>],
-        user: &str,
-    ) -> (Vec<Result<crate::cache::CachedRead>>, usize, CacheStamp) {
-        use futures::StreamExt;
-        let hits = self.cache.hits(selected.iter().map(|r| &r.id), user);
-        let stamp = CacheStamp { version: hits.version, expires: hits.expires };
-        let mut results: Vec<Option<Result<crate::cache::CachedRead>>> =
-            hits.reads.into_iter().map(|h| h.map(Ok)).collect();
-        let hits = results.iter().filter(|r| r.is_some()).count();
-        // One window of reads per server, twice its in-flight limit: a read
-        // future exists only shortly before it can run (1000 futures created
-        // at once held ~1 MB for a 1000-resource gather), and a slow server
-        // fills only its own window, never another server's.
-        let mut by_server: Vec<(&str, Vec<usize>)> = Vec::new();
-        for (i, r) in selected.iter().enumerate().filter(|(i, _)| results[*i].is_none()) {
-            match by_server.iter_mut().find(|(s, _)| *s == r.id.server) {
-                Some((_, v)) => v.push(i),
-                None => by_server.push((&r.id.server, vec![i])),
-            }
-        }
-        let mut pending = futures::stream::select_all(by_server.into_iter().map(|(server, idx)| {
-            let window = self
-                .hub
-                .server_config(server)
-                .map_or(crate::config::DEFAULT_MAX_CONCURRENT_READS, |c| c.max_concurrent_reads)
-                .max(1)
-                * 2;
-            futures::stream::iter(idx)
-                .map(move |i| async move { (i, self.cache.read(&selected[i].id, user).await) })
-                .buffer_unordered(window)
-                .boxed()
-        }));
-        let deadline = tokio::time::sleep(std::time::Duration::from_millis(self.settings.deadline_ms));
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                next = pending.next() => match next {
-                    Some((i, r)) => results[i] = Some(r),
-                    None => break,
-                },
-                _ = &mut deadline => break,
-            }
-        }
-        let results = results
-            .into_iter()
-            .zip(selected)
-            .map(|(r, res)| {
-                r.unwrap_or_else(|| {
-                    Err(Error::Timeout {
-                        server: res.id.server.clone(),
-                        what: format!("resources/read {} (injection deadline)", res.id.uri),
-                        after_ms: self.settings.deadline_ms,
-                    })
-                })
-            })
-            .collect();
-        (results, hits, stamp)
-    }
-
     /// Builds the context and prepends it to `request` (replacing any earlier
     /// copy of ours). `req` is a user name (`"alice"`) or a full
     /// [`ContextRequest`] with a selection or overrides. Nothing is injected
@@ -686,277 +562,8 @@ pub fn compose(
     }
 }
 
-/// The last few compositions, so an unchanged request (same resources,
-/// same read results, same budget) does no rendering or packing at all: the
-/// warm path of a host calling the LLM many times a minute. A hit is
-/// verified exactly (ids, the very same `Arc`s of contents, listing
-/// metadata, budget, encoding, preamble), never by hash alone, so one
-/// user's message can never be served for a different set of resources.
-#[derive(Default)]
-struct CompositionMemo {
-    entries: std::sync::Mutex<std::collections::VecDeque<(CompositionKey, Arc<Composed>)>>,
-}
-
-/// Compositions remembered (each holds one message, so at most this many
-/// budgets' worth of text).
-const COMPOSITION_MEMO_SIZE: usize = 8;
-
-/// A [`Composition`] as the memo keeps it: the message shared.
-struct Composed {
-    content: Option<Arc<String>>,
-    tokens: usize,
-    included: Vec<Included>,
-    dropped: Vec<Excluded>,
-    /// The mode that ran (`auto` resolved).
-    mode: SelectMode,
-    warnings: Vec<String>,
-}
-
-impl From<Composition> for Composed {
-    fn from(c: Composition) -> Self {
-        Self {
-            content: c.content.map(Arc::new),
-            tokens: c.tokens,
-            included: c.included,
-            dropped: c.dropped,
-            mode: SelectMode::Priority,
-            warnings: Vec::new(),
-        }
-    }
-}
-
-/// Who may see what, for one user and one generation of the listings.
-struct Selection {
-    /// In injection order.
-    resources: Vec<Arc<Resource>>,
-    excluded: Vec<Excluded>,
-}
-
-/// The last selection for each set of grants (the user's own rules, their
-/// roles in order, their expanded includes: a [`DecisionKey`]), at most
-/// [`SELECTION_MEMO_SIZE`], valid while the hub's listing generation is
-/// unchanged; cleared when the policy is replaced ([`McpContext::set_policy`]).
-/// Users with the same roles share one entry, so thousands of them cost one
-/// evaluation per listing.
-#[derive(Default)]
-struct SelectionMemo {
-    entries: std::sync::Mutex<std::collections::HashMap<DecisionKey, MemoEntry>>,
-}
-
-/// A remembered selection: the listing generation and the policy it was made under.
-type MemoEntry = (u64, Arc<Policy>, Arc<Selection>);
-
 /// Models whose tokenizer is remembered; past this the memo starts over.
 const TOKENIZER_MEMO_MODELS: usize = 32;
-
-/// Grant sets whose selection is remembered; past this the memo starts over.
-const SELECTION_MEMO_SIZE: usize = 64;
-
-impl SelectionMemo {
-    fn clear(&self) {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    }
-
-    /// The remembered selection, if it was made for this listing generation
-    /// under this very policy (a request racing a reload cannot leave an old
-    /// policy's selection behind).
-    fn get_or(
-        &self,
-        key: DecisionKey,
-        generation: u64,
-        policy: &Arc<Policy>,
-        make: impl FnOnce() -> Selection,
-    ) -> Arc<Selection> {
-        if let Some((g, p, sel)) = self.entries.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
-            && *g == generation
-            && Arc::ptr_eq(p, policy)
-        {
-            return sel.clone();
-        }
-        let sel = Arc::new(make());
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= SELECTION_MEMO_SIZE && !entries.contains_key(&key) {
-            entries.clear();
-        }
-        entries.insert(key, (generation, policy.clone(), sel.clone()));
-        sel
-    }
-}
-
-struct CompositionKey {
-    encoding: &'static str,
-    preamble: String,
-    budget: usize,
-    mode: SelectMode,
-    /// [`Query::key`] of the query, if any.
-    query: Option<String>,
-    selection: Arc<Selection>,
-    /// Index into `selection.resources`, and what was read for it.
-    ready: Vec<(usize, Arc<Contents>)>,
-}
-
-/// What a composition is made from, borrowed: a request's inputs to look up
-/// in the memo, or a stored key's (see [`CompositionKey::inputs`]).
-struct CompositionInputs<'a> {
-    encoding: &'a str,
-    preamble: &'a str,
-    budget: usize,
-    mode: SelectMode,
-    query: Option<&'a str>,
-    selection: &'a Arc<Selection>,
-    ready: &'a [(usize, Arc<Contents>)],
-}
-
-impl CompositionKey {
-    fn inputs(&self) -> CompositionInputs<'_> {
-        CompositionInputs {
-            encoding: self.encoding,
-            preamble: &self.preamble,
-            budget: self.budget,
-            mode: self.mode,
-            query: self.query.as_deref(),
-            selection: &self.selection,
-            ready: &self.ready,
-        }
-    }
-
-    /// Whether this key describes exactly these inputs: the very same
-    /// contents (`Arc` identity) for resources with the same id and the same
-    /// listing metadata the block shows (name, title, MIME type).
-    fn matches(&self, other: &CompositionInputs<'_>) -> bool {
-        let same_listing = Arc::ptr_eq(&self.selection, other.selection);
-        self.encoding == other.encoding
-            && self.budget == other.budget
-            && self.mode == other.mode
-            // Priority mode ignores the query: a new question hits the memo.
-            && (self.mode == SelectMode::Priority || self.query.as_deref() == other.query)
-            && self.preamble == other.preamble
-            && self.ready.len() == other.ready.len()
-            && self.ready.iter().zip(other.ready).all(|((ia, ca), (ib, cb))| {
-                Arc::ptr_eq(ca, cb)
-                    && (same_listing && ia == ib || {
-                        let (a, b) = (&self.selection.resources[*ia], &other.selection.resources[*ib]);
-                        a.id == b.id && a.name == b.name && a.title == b.title && a.mime_type == b.mime_type
-                    })
-            })
-    }
-}
-
-impl CompositionMemo {
-    fn find(&self, inputs: &CompositionInputs<'_>) -> Option<Arc<Composed>> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.iter().find(|(k, _)| k.matches(inputs)).map(|(_, c)| c.clone())
-    }
-
-    fn put(&self, key: CompositionKey, composed: Arc<Composed>) {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|(k, _)| !k.matches(&key.inputs()));
-        if entries.len() >= COMPOSITION_MEMO_SIZE {
-            entries.pop_front();
-        }
-        entries.push_back((key, composed));
-    }
-}
-
-/// The last answer to each unchanged request, so that the warm path of a
-/// host or proxy calling the LLM many times a minute costs a few lookups,
-/// whatever the number of resources: no cache lookup per resource, no
-/// composition to verify, no report to copy (its exclusion list is shared).
-/// Only answers built entirely from the cache (no read, no error, no stale
-/// content, no explicit selection) are kept, and one is used only while
-/// everything it was made from is unchanged: the policy (the same `Arc`),
-/// the listing generation, the content cache's version, the connection of
-/// every server it used, and no entry it used has expired. Keyed by user,
-/// not by grant set: `private` cache entries are per user.
-#[derive(Default)]
-struct WarmMemo {
-    entries: std::sync::Mutex<std::collections::HashMap<WarmKey, WarmEntry>>,
-}
-
-/// Requests remembered by the warm memo; past this it starts over (each
-/// entry shares its message with the composition memo).
-const WARM_MEMO_SIZE: usize = 1024;
-
-/// What a request asks, besides its user's policy.
-#[derive(PartialEq, Eq, Hash)]
-struct WarmKey {
-    user: String,
-    model: String,
-    budget: Option<usize>,
-    select: Option<SelectMode>,
-    query: Option<String>,
-}
-
-struct WarmEntry {
-    policy: Arc<Policy>,
-    listing_generation: u64,
-    stamp: CacheStamp,
-    connections: Connections,
-    message: Option<ContextMessage>,
-    report: Report,
-}
-
-/// The content cache's state that a set of hits stays valid under.
-#[derive(Clone, Copy)]
-struct CacheStamp {
-    version: u64,
-    expires: Option<Instant>,
-}
-
-/// The connection epoch of each server a selection reads from.
-struct Connections(Vec<(String, u64)>);
-
-impl Connections {
-    fn of(hub: &Hub, selected: &[Arc<Resource>]) -> Self {
-        let mut servers: Vec<(String, u64)> = Vec::new();
-        for r in selected {
-            if !servers.iter().any(|(s, _)| *s == r.id.server) {
-                servers.push((r.id.server.clone(), hub.connection(&r.id.server).epoch));
-            }
-        }
-        Self(servers)
-    }
-
-    /// Same connections, still up (entries without expiry live by them).
-    fn unchanged(&self, hub: &Hub) -> bool {
-        self.0.iter().all(|(s, epoch)| {
-            let c = hub.connection(s);
-            c.up && c.epoch == *epoch
-        })
-    }
-}
-
-impl WarmMemo {
-    fn clear(&self) {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    }
-
-    fn get(
-        &self,
-        key: &WarmKey,
-        policy: &Arc<Policy>,
-        listing_generation: u64,
-        cache_version: u64,
-        hub: &Hub,
-    ) -> Option<(Option<ContextMessage>, Report)> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let e = entries.get(key)?;
-        let valid = Arc::ptr_eq(&e.policy, policy)
-            && e.listing_generation == listing_generation
-            && e.stamp.version == cache_version
-            && e.stamp.expires.is_none_or(|t| Instant::now() < t)
-            && e.connections.unchanged(hub);
-        valid.then(|| (e.message.clone(), e.report.clone()))
-    }
-
-    fn put(&self, key: WarmKey, entry: WarmEntry) {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= WARM_MEMO_SIZE && !entries.contains_key(&key) {
-            entries.clear();
-        }
-        entries.insert(key, entry);
-    }
-}
 
 fn ms(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3

@@ -1,0 +1,98 @@
+//! The pure selection step: the candidates (listings, the user's policy
+//! includes through the gate, or the requested ids), the policy's decision
+//! on each, the audience rule, and the injection order. Nothing is read.
+
+use std::sync::Arc;
+
+use super::DEFAULT_PRIORITY;
+use crate::gate::{Refusal, admit};
+use crate::hub::Hub;
+use crate::id::ResourceId;
+use crate::policy::UserPolicy;
+use crate::report::{ExcludeReason, Excluded};
+use crate::resource::Resource;
+
+/// Who may see what, for one user and one generation of the listings.
+pub(super) struct Selection {
+    /// In injection order.
+    pub(super) resources: Vec<Arc<Resource>>,
+    pub(super) excluded: Vec<Excluded>,
+}
+
+/// How a refused requested URI is reported: exactly like one that does not
+/// exist, whatever the reason (the reason is for `policy explain` and tracing).
+pub(super) fn not_found(id: &ResourceId) -> Excluded {
+    Excluded { id: id.to_string(), reason: ExcludeReason::NotFound, detail: Some(Refusal::NOT_FOUND.into()) }
+}
+
+/// Every listed resource plus the user's policy includes that pass the
+/// gate; the includes it refuses come back apart, for the report.
+pub(super) fn candidates(hub: &Hub, up: &UserPolicy) -> (Vec<Arc<Resource>>, Vec<Excluded>) {
+    let mut all = hub.resources_shared();
+    let mut refused = Vec::new();
+    for inc in up.includes() {
+        match admit(hub, up, inc) {
+            Ok(a) => {
+                if !all.iter().any(|r| r.id == a.resource.id) {
+                    all.push(a.resource);
+                }
+            }
+            Err(why) => {
+                tracing::warn!(user = up.user(), include = %inc, reason = %why, "policy include refused by the gate");
+                refused.push(not_found(inc));
+            }
+        }
+    }
+    (all, refused)
+}
+
+/// The resources this user may see (or the `wanted` ones of them), in
+/// injection order, and what was left out and why.
+pub(super) fn select(hub: &Hub, up: &UserPolicy, wanted: Option<&[ResourceId]>) -> Selection {
+    let (candidates, mut excluded) = match wanted {
+        None => candidates(hub, up),
+        // Requested ids pass the gate: what is admitted is what the
+        // policy decides on below and what is read.
+        Some(sel) => {
+            let (mut chosen, mut excluded) = (Vec::<Arc<Resource>>::new(), Vec::new());
+            for id in sel {
+                match admit(hub, up, id) {
+                    Ok(a) if chosen.iter().any(|r| r.id == a.resource.id) => {}
+                    Ok(a) => chosen.push(a.resource),
+                    Err(Refusal::UnknownServer(server)) => excluded.push(Excluded {
+                        id: id.to_string(),
+                        reason: ExcludeReason::Error,
+                        detail: Some(format!("unknown server `{server}`")),
+                    }),
+                    Err(why) => {
+                        tracing::debug!(user = up.user(), requested = %id, reason = %why, "requested URI refused");
+                        excluded.push(not_found(id));
+                    }
+                }
+            }
+            (chosen, excluded)
+        }
+    };
+    let mut selected = Vec::new();
+    for r in candidates {
+        let d = up.decide(&r);
+        if !d.allowed {
+            excluded.push(Excluded { id: r.id.to_string(), reason: ExcludeReason::Denied, detail: Some(d.detail()) });
+        } else if r.is_user_only() {
+            excluded.push(Excluded {
+                id: r.id.to_string(),
+                reason: ExcludeReason::Audience,
+                detail: Some("annotations.audience is [user]: meant for the human, not the model".into()),
+            });
+        } else {
+            selected.push(r);
+        }
+    }
+    let order = |r: &Arc<Resource>| hub.server_index(&r.id.server).unwrap_or(usize::MAX);
+    selected.sort_by(|a, b| {
+        let pa = a.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
+        let pb = b.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
+        pb.total_cmp(&pa).then(order(a).cmp(&order(b))).then_with(|| a.id.uri.cmp(&b.id.uri))
+    });
+    Selection { resources: selected, excluded }
+}
