@@ -187,12 +187,14 @@ impl CompositionMemo {
 /// not by grant set: `private` cache entries are per user.
 #[derive(Default)]
 pub(super) struct WarmMemo {
-    pub(super) entries: std::sync::Mutex<std::collections::HashMap<WarmKey, WarmEntry>>,
+    /// By user: the last request of each (a new question replaces the
+    /// previous one's answer rather than adding a message's worth of memory).
+    pub(super) entries: std::sync::Mutex<std::collections::HashMap<String, (WarmKey, WarmEntry)>>,
 }
 
-/// Requests remembered by the warm memo; past this it starts over (each
+/// Users remembered by the warm memo; past this it starts over (each
 /// entry shares its message with the composition memo).
-pub(super) const WARM_MEMO_SIZE: usize = 1024;
+pub(super) const WARM_MEMO_SIZE: usize = 256;
 
 /// What a request asks, besides its user's policy.
 #[derive(PartialEq, Eq, Hash)]
@@ -257,7 +259,10 @@ impl WarmMemo {
         hub: &Hub,
     ) -> Option<(Option<ContextMessage>, Report)> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let e = entries.get(key)?;
+        let (k, e) = entries.get(&key.user)?;
+        if k != key {
+            return None;
+        }
         let valid = Arc::ptr_eq(&e.policy, policy)
             && e.listing_generation == listing_generation
             && e.stamp.version == cache_version
@@ -268,9 +273,9 @@ impl WarmMemo {
 
     pub(super) fn put(&self, key: WarmKey, entry: WarmEntry) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= WARM_MEMO_SIZE && !entries.contains_key(&key) {
+        if entries.len() >= WARM_MEMO_SIZE && !entries.contains_key(&key.user) {
             entries.clear();
         }
-        entries.insert(key, entry);
+        entries.insert(key.user.clone(), (key, entry));
     }
 }
