@@ -63,6 +63,9 @@ pub struct Options {
     /// for `.md`, else `text/plain`), read from disk on every read: a
     /// knowledge base of real text for the relevance tests and evaluation.
     pub dir: Option<String>,
+    /// Every read waits this long before answering (so that reads from
+    /// several clients overlap).
+    pub delay_ms: u64,
 }
 
 /// The files of a `--dir` directory, sorted by name.
@@ -364,6 +367,9 @@ impl ServerHandler for Fixture {
         cx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let uri = request.uri;
+        if self.opts.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.opts.delay_ms)).await;
+        }
         if self.opts.fs {
             let resolved = resolve(&uri);
             if let Some((_, text)) = FS_FILES.iter().find(|(u, _)| *u == resolved) {
