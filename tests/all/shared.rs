@@ -297,3 +297,83 @@ async fn killing_redis_loses_no_request_and_it_is_used_again_when_back() {
         assert!(metric(p, "mcp_context_cache_misses_total").await > before, "{} kept its local entries", p.url);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_that_began_before_a_change_never_stores_the_old_content() {
+    let Some(_redis) = redis_or_skip("a_read_that_began_before_a_change_never_stores_the_old_content") else { return };
+    let url = redis_url();
+    let prefix = Prefix::new(&url);
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live.txt");
+    std::fs::write(&live, "live version one").unwrap();
+    // Every read takes its content, then answers 800 ms later.
+    let (mcp, _fixture, _stop) = http_fixture(Options {
+        n: 0,
+        subscribe: true,
+        live: Some(live.to_string_lossy().into_owned()),
+        answer_after_ms: 800,
+        ..Options::default()
+    })
+    .await;
+    let up = Upstream::start().await;
+    let r = start(2, &mcp, &url, &prefix.prefix, &up.base).await;
+    assert!(ask(&r[0], &up, "alice", "warm-up on one").await.contains("live version one"));
+    assert!(ask(&r[1], &up, "alice", "warm-up on two").await.contains("live version one"));
+    let local = "mcp_context_shared_cache_invalidations_total{origin=\"local\"}";
+    let seen = |n: f64| {
+        let r = &r;
+        async move {
+            for p in r {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                while metric(p, local).await < n {
+                    assert!(tokio::time::Instant::now() < deadline, "{} never saw change {n}", p.url);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    };
+
+    std::fs::write(&live, "live version two").unwrap();
+    seen(1.0).await;
+    // Replica one re-reads: the server takes version two, and while its
+    // answer is on the way the content changes again.
+    let slow = ask(&r[0], &up, "alice", "re-read on one");
+    let change = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(&live, "live version three").unwrap();
+        seen(2.0).await;
+    };
+    let (old, ()) = tokio::join!(slow, change);
+    assert!(old.contains("live version two"), "{old}");
+    // The late answer was not stored: replica two reads the new content.
+    let fresh = ask(&r[1], &up, "alice", "after the second change on two").await;
+    assert!(fresh.contains("live version three"), "{fresh}");
+    let again = ask(&r[0], &up, "alice", "after the second change on one").await;
+    assert!(again.contains("live version three"), "{again}");
+}
+
+#[test]
+fn an_unreachable_redis_is_reported_and_the_context_still_built() {
+    let t = tag();
+    let port = free_port();
+    let (_dir, cfg) = temp_config(&format!(
+        "servers:\n{}cache:\n  backend: redis\n  url: redis://:s3cret-pw@127.0.0.1:{port}/0\n",
+        fixture_server("fx", &t, &["--n", "2", "--size", "32"])
+    ));
+    let out = std::process::Command::new(MCP_CONTEXT)
+        .args(["preview", "--json", "--user", "alice", "--config"])
+        .arg(&cfg)
+        .env("MCP_TEST_TAG", &t)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("s3cret-pw"), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["message"]["content"].as_str().unwrap().contains("Document 1."), "{v}");
+    let shared = &v["shared_cache"];
+    assert_eq!(shared["up"], false, "{v}");
+    let error = shared["error"].as_str().unwrap();
+    assert!(error.contains(&format!("127.0.0.1:{port}")) && error.contains("connection refused"), "{error}");
+    assert!(!error.contains("s3cret-pw") && !error.contains("RedisError"), "{error}");
+}
