@@ -99,8 +99,10 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
 
     println!("{docs} resources of {size} B + fx://live, {changes} changes of fx://live; reads counted by the server");
-    println!("| replicas | backend | reads, first request on every replica | reads per change |");
-    println!("|---:|---|---:|---:|");
+    println!(
+        "| replicas | backend | reads, first request on every replica | reads per change | Redis commands failed (first / changes) |"
+    );
+    println!("|---:|---|---:|---:|---:|");
     for n in [1usize, 3, 8] {
         for redis in [false, true] {
             let live = dir.path().join(format!("live-{n}-{redis}"));
@@ -117,6 +119,10 @@ async fn main() {
             let ctxs = replicas(n, &mcp, redis.then_some((redis_url.as_str(), prefix.as_str()))).await;
             all_build(&ctxs).await;
             let cold = fx.reads.load(Ordering::SeqCst);
+            let errors = |ctxs: &[Arc<McpContext>]| -> u64 {
+                ctxs.iter().filter_map(|c| c.shared_cache_status()).map(|s| s.errors).sum()
+            };
+            let cold_errors = errors(&ctxs);
             let full = docs + 1;
             let mut per_change = Vec::new();
             for c in 1..=changes {
@@ -136,8 +142,9 @@ async fn main() {
             }
             let mean = per_change.iter().sum::<usize>() as f64 / per_change.len() as f64;
             println!(
-                "| {n} | {} | {cold} | {mean:.1} (each: {per_change:?}) |",
-                if redis { "redis" } else { "memory" }
+                "| {n} | {} | {cold} | {mean:.1} (each: {per_change:?}) | {cold_errors} / {} |",
+                if redis { "redis" } else { "memory" },
+                errors(&ctxs) - cold_errors
             );
             drop(ctxs);
             cleanup(&redis_url, &prefix);
