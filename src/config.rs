@@ -85,6 +85,7 @@ struct RawCache {
     lock_ms: Option<u64>,
     wait_ms: Option<u64>,
     timeout_ms: Option<u64>,
+    ca_file: Option<String>,
 }
 
 impl fmt::Debug for RawCache {
@@ -138,6 +139,10 @@ pub struct CacheSettings {
     /// Longest wait for one Redis command; past it the shared cache counts as
     /// down and requests go on without it.
     pub timeout: Duration,
+    /// PEM certificate(s) to trust for `rediss://` besides the system's
+    /// roots (a private CA or a self-signed server), resolved against the
+    /// config's folder.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for CacheSettings {
@@ -150,6 +155,7 @@ impl Default for CacheSettings {
             lock: Duration::from_millis(DEFAULT_TIMEOUT_MS),
             wait: Duration::from_millis(DEFAULT_TIMEOUT_MS),
             timeout: Duration::from_millis(250),
+            ca_file: None,
         }
     }
 }
@@ -165,6 +171,7 @@ impl fmt::Debug for CacheSettings {
             .field("lock", &self.lock)
             .field("wait", &self.wait)
             .field("timeout", &self.timeout)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -768,7 +775,7 @@ impl Config {
         };
         let cache = match raw.cache {
             None => CacheSettings::default(),
-            Some(raw) => cache_settings(raw, root.get("cache").unwrap_or(&root), path, env)?,
+            Some(raw) => cache_settings(raw, root.get("cache").unwrap_or(&root), path, &base, env)?,
         };
         Ok(Config { path: path.to_owned(), servers, policy: raw.policy.map(|p| base.join(p)), context, serve, cache })
     }
@@ -786,6 +793,7 @@ fn cache_settings(
     raw: RawCache,
     node: &Node,
     path: &Path,
+    base: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<CacheSettings> {
     let err = |key: &str, message: String| {
@@ -829,6 +837,16 @@ fn cache_settings(
         lock,
         wait: ms("wait_ms", raw.wait_ms, lock)?,
         timeout: ms("timeout_ms", raw.timeout_ms, d.timeout)?,
+        ca_file: match raw.ca_file {
+            None => None,
+            Some(f) => {
+                let file = base.join(&f);
+                if let Err(e) = std::fs::metadata(&file) {
+                    return Err(err("ca_file", format!("cache.ca_file `{f}`: cannot read it: {e}")));
+                }
+                Some(file)
+            }
+        },
     })
 }
 

@@ -201,12 +201,20 @@ impl SharedCache {
     pub(crate) fn start(config: &Config, remote: mpsc::UnboundedSender<Remote>) -> Result<Arc<Self>> {
         let settings = config.cache.clone();
         let redacted_url = redact_url(&settings.url);
-        let client = redis::Client::open(settings.url.as_str()).map_err(|e| Error::Config {
-            path: config.path.clone(),
-            line: None,
-            column: None,
-            message: format!("cache.url `{redacted_url}`: {e}"),
-        })?;
+        let config_error =
+            |message: String| Error::Config { path: config.path.clone(), line: None, column: None, message };
+        let client = match &settings.ca_file {
+            None => redis::Client::open(settings.url.as_str()),
+            Some(f) => {
+                let pem = std::fs::read(f)
+                    .map_err(|e| config_error(format!("cache.ca_file `{}`: cannot read it: {e}", f.display())))?;
+                redis::Client::build_with_tls(
+                    settings.url.as_str(),
+                    redis::TlsCertificates { client_tls: None, root_cert: Some(pem) },
+                )
+            }
+        }
+        .map_err(|e| config_error(format!("cache.url `{redacted_url}`: {e}")))?;
         let manager_config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(settings.timeout))
             .set_response_timeout(Some(settings.timeout))
@@ -659,6 +667,8 @@ fn describe(e: &redis::RedisError) -> String {
         let s = e.to_string();
         if s.contains("NOAUTH") || s.contains("WRONGPASS") {
             "authentication failed (check the URL's credentials)".into()
+        } else if s.contains("invalid peer certificate") {
+            format!("TLS: the server's certificate is not trusted ({s}); name its CA in cache.ca_file")
         } else {
             s
         }

@@ -377,3 +377,113 @@ fn an_unreachable_redis_is_reported_and_the_context_still_built() {
     assert!(error.contains(&format!("127.0.0.1:{port}")) && error.contains("connection refused"), "{error}");
     assert!(!error.contains("s3cret-pw") && !error.contains("RedisError"), "{error}");
 }
+
+/// A Redis that speaks only TLS, with a certificate for 127.0.0.1 signed by
+/// a private CA (`ca.pem`), both made by `openssl`.
+fn tls_redis(dir: &std::path::Path) -> Result<(std::process::Child, u16), String> {
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+        &["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "key.pem", "-out", "req.csr"],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "req.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "cert.pem",
+            "-extfile",
+            "ext.cnf",
+        ],
+    ];
+    for args in steps {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .map_err(|e| format!("openssl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("openssl: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+    }
+    let port = free_port();
+    let child = std::process::Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args(["--tls-auth-clients", "no", "--tls-cert-file"])
+        .arg(dir.join("cert.pem"))
+        .arg("--tls-key-file")
+        .arg(dir.join("key.pem"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("redis-server: {e}"))?;
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok((child, port));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Err("redis-server with TLS did not start".into())
+}
+
+#[test]
+fn rediss_with_a_private_ca_is_used_and_an_untrusted_certificate_is_named() {
+    let test = "rediss_with_a_private_ca_is_used_and_an_untrusted_certificate_is_named";
+    let dir = tempfile::tempdir().unwrap();
+    let (mut redis, port) = match tls_redis(dir.path()) {
+        Ok(r) => r,
+        Err(e) => return skip(test, &e),
+    };
+    let t = tag();
+    let preview = |ca: bool| {
+        let ca = if ca { format!("  ca_file: {}\n", dir.path().join("ca.pem").display()) } else { String::new() };
+        let (_d, cfg) = temp_config(&format!(
+            "servers:\n{}cache:\n  backend: redis\n  url: rediss://127.0.0.1:{port}/0\n  key_prefix: \"mcp-context-test:{t}:\"\n  timeout_ms: 2000\n{ca}",
+            fixture_server("fx", &t, &["--n", "3", "--size", "32"])
+        ));
+        let out = std::process::Command::new(MCP_CONTEXT)
+            .args(["preview", "--json", "--user", "alice", "--config"])
+            .arg(&cfg)
+            .env("MCP_TEST_TAG", &t)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    // Trusting the server's certificate: the first run fills Redis over
+    // TLS, the second is answered from it.
+    let first = preview(true);
+    assert_eq!(first["shared_cache"]["hits"], 0, "{first}");
+    let second = preview(true);
+    assert_eq!(second["shared_cache"]["hits"], 3, "{second}");
+    assert!(second["message"]["content"].as_str().unwrap().contains("Document 2."));
+    // Not trusting it: the context is still built, and the cause is named.
+    let untrusted = preview(false);
+    assert_eq!(untrusted["shared_cache"]["up"], false, "{untrusted}");
+    let error = untrusted["shared_cache"]["error"].as_str().unwrap().to_lowercase();
+    assert!(error.contains("certificate"), "{error}");
+    assert!(untrusted["message"]["content"].as_str().unwrap().contains("Document 2."));
+    let _ = redis.kill();
+    let _ = redis.wait();
+}
