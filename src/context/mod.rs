@@ -260,6 +260,18 @@ impl McpContext {
         self.build_for(req, req.query.as_deref().map(Query::text)).await
     }
 
+    /// [`McpContext::build`] ranking by `query` in relevance mode when the
+    /// request has no `query` of its own (which wins): how `serve` ranks by
+    /// the conversation it relays ([`Query::from_chat_json`]), with the same
+    /// turns and weights as [`McpContext::inject`].
+    pub async fn build_ranked(
+        &self,
+        req: &ContextRequest,
+        query: Option<Query>,
+    ) -> Result<(Option<ContextMessage>, Report)> {
+        self.build_for(req, req.query.as_deref().map(Query::text).or(query)).await
+    }
+
     /// [`McpContext::build`] ranking by `query` (relevance mode).
     async fn build_for(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
         let started = Instant::now();

@@ -249,10 +249,10 @@ async fn inject_and_forward(state: Shared, req: Request, kind: Kind) -> Result<R
     let started = Instant::now();
     let mut request = ContextRequest::for_user(user);
     request.model = body.get("model").and_then(|m| m.as_str()).filter(|m| !m.is_empty()).map(str::to_owned);
-    // Relevance mode ranks by the latest user turn (earlier turns are not
-    // weighted in here, unlike the library's typed `inject`).
-    request.query = mcp_context::latest_user_text_json(&body);
-    let (message, report) = state.ctx.build(&request).await.map_err(|e| {
+    // Relevance mode ranks by the conversation: the latest user turn, earlier
+    // ones with less weight, exactly as the library's typed `inject`.
+    let query = mcp_context::Query::from_chat_json(&body);
+    let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
         tracing::error!(user = %request.user, "context could not be built: {e}");
         ApiError::new(500, "server_error", "context_failed", format!("The context could not be built: {e}"))
     })?;
