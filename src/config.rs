@@ -829,6 +829,24 @@ fn cache_settings(
         None => Ok(default),
     };
     let lock = ms("lock_ms", raw.lock_ms, d.lock)?;
+    let ca_file = match raw.ca_file {
+        None => None,
+        Some(f) => {
+            let file = base.join(&f);
+            let pem = std::fs::read(&file)
+                .map_err(|e| err("ca_file", format!("cache.ca_file `{f}`: cannot read it: {e}")))?;
+            #[cfg(feature = "redis")]
+            if let Err(e) = redis::Client::build_with_tls(
+                url.as_str(),
+                redis::TlsCertificates { client_tls: None, root_cert: Some(pem) },
+            ) {
+                return Err(err("ca_file", format!("cache.ca_file `{f}`: not usable as a PEM CA certificate: {e}")));
+            }
+            #[cfg(not(feature = "redis"))]
+            let _ = pem;
+            Some(file)
+        }
+    };
     Ok(CacheSettings {
         backend: raw.backend,
         url,
@@ -837,16 +855,7 @@ fn cache_settings(
         lock,
         wait: ms("wait_ms", raw.wait_ms, lock)?,
         timeout: ms("timeout_ms", raw.timeout_ms, d.timeout)?,
-        ca_file: match raw.ca_file {
-            None => None,
-            Some(f) => {
-                let file = base.join(&f);
-                if let Err(e) = std::fs::metadata(&file) {
-                    return Err(err("ca_file", format!("cache.ca_file `{f}`: cannot read it: {e}")));
-                }
-                Some(file)
-            }
-        },
+        ca_file,
     })
 }
 

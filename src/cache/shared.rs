@@ -224,8 +224,10 @@ impl SharedCache {
         let identity: HashMap<String, String> =
             config.servers.iter().map(|s| (s.name.clone(), identity(&s.name, &s.transport))).collect();
         let by_identity = identity.iter().map(|(n, i)| (i.clone(), n.clone())).collect();
-        let replica =
-            digest(&[&std::process::id().to_string(), &format!("{:?}", Instant::now()), &now_ms().to_string()]);
+        // Tells this replica's own events apart from the others': random
+        // per process (the std hasher's random keys), plus pid and time.
+        let random = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8);
+        let replica = digest(&[&random.to_string(), &std::process::id().to_string(), &now_ms().to_string()]);
         let shared = Arc::new(Self {
             conn,
             channel: format!("{}events", settings.key_prefix),

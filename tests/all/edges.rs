@@ -368,6 +368,10 @@ fn config_errors_give_line_and_column() {
         ("cache:\n  backend: redis\n  url: http://127.0.0.1:6379\n", "c.yaml:3:8: cache.url must start with redis://"),
         ("cache:\n  backend: redis\n  url: \"${EDGE_UNSET_VAR}\"\n", "c.yaml:3:8: cache.url: environment variable"),
         ("cache:\n  lock_ms: 0\n", "c.yaml:2:12: cache.lock_ms must be at least 1"),
+        (
+            "cache:\n  backend: redis\n  url: rediss://127.0.0.1:1/0\n  ca_file: nope.pem\n",
+            "c.yaml:4:12: cache.ca_file `nope.pem`: cannot read it",
+        ),
         ("cache:\n  backnd: redis\n", "c.yaml:2:3: cache: unknown field `backnd`, expected one of `backend`"),
     ] {
         let (_dir, cfg) = temp_config(yaml);
