@@ -439,11 +439,7 @@ mod terms {
     /// Calls `emit(offset, term)` for each term of `text`, in order.
     pub(super) fn each(text: &str, mut emit: impl FnMut(usize, u64)) {
         SEEN.with_borrow_mut(|seen| {
-            if text.is_ascii() {
-                each_ascii(text, seen, &mut emit)
-            } else {
-                each_unicode(text, seen, &mut emit)
-            }
+            if text.is_ascii() { each_ascii(text, seen, &mut emit) } else { each_unicode(text, seen, &mut emit) }
         })
     }
 
@@ -642,17 +638,19 @@ mod terms {
             }
         }
 
-        proptest::proptest! {
-            #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
             #[test]
             fn ascii_path_agrees_with_the_unicode_one(
-                text in proptest::collection::vec(proptest::sample::select(vec![
+                text in prop::collection::vec(prop::sample::select(vec![
                     "a", "B", "z", "Q", "0", "9", ".", ",", ";", ":", "'", "_", " ", "\n", "\r", "-", "(", "/",
                     "the", "The", "Penguins", "don't", "os", "HTTP", "Server", "x1", "\t", "\"",
-                ]), 0..40).prop_map(|v| v.concat())
+                ]), 0..40).prop_map(|v: Vec<&str>| v.concat())
             ) {
                 let (fast, general) = both_paths(&text);
-                proptest::prop_assert_eq!(fast, general);
+                prop_assert_eq!(fast, general);
             }
         }
 

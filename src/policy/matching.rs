@@ -1,7 +1,7 @@
 //! The compiled form of a policy and how one resource is matched against it:
 //! each grant's (role's or user's own) allow and deny rules in a [`RuleSet`]
-//! indexed by literal server name, with the general globs of each field in
-//! one `GlobSet`; the policy-wide [`Index`] of server names and shared
+//! indexed by literal server name, with the general `uri` globs in one
+//! [`GlobsRegex`]; the policy-wide [`Index`] of server names and shared
 //! `server`/`mime` globs; and the [`Subject`], a resource prepared once per
 //! decision. See the parent module's "How decisions stay cheap".
 
@@ -96,8 +96,8 @@ pub(super) struct Rule {
 ///   candidates;
 /// * the candidates are tried in file order, so the first match is the
 ///   rule that decides; a field whose glob has a literal shape (`x`,
-///   `x*y`, `x**y`) is tested directly, the other globs of each field are
-///   compiled into one `GlobSet` per rule set, run at most once per
+///   `x*y`, `x**y`) is tested directly, the other `uri` globs are
+///   compiled into one [`GlobsRegex`] per rule set, run at most once per
 ///   resource and only when a candidate needs it; its match indices map
 ///   back to rules through `rule_of`.
 #[derive(Debug, Default)]
@@ -218,7 +218,7 @@ pub(super) const FIELDS: usize = 4;
 /// set), and the general `server` and `mime` globs, which are few distinct
 /// ones however many rules repeat them: each field's in one `GlobSet`, run
 /// at most once per decision. (`uri` globs are many and mostly distinct:
-/// they go in their rule set's own `GlobSet`.)
+/// they go in their rule set's own [`GlobsRegex`].)
 #[derive(Debug, Default)]
 pub(super) struct Index {
     pub(super) servers: HashMap<String, u32>,
@@ -305,8 +305,7 @@ impl RuleSet {
                         shared[field as usize] = servers.intern_globs(field, &globs);
                         continue;
                     }
-                    let (builder, rule_of) =
-                        builders[field as usize].get_or_insert_with(|| (Vec::new(), Vec::new()));
+                    let (builder, rule_of) = builders[field as usize].get_or_insert_with(|| (Vec::new(), Vec::new()));
                     for g in globs.into_vec() {
                         builder.push(g);
                         rule_of.push(i);
