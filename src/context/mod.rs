@@ -225,6 +225,12 @@ impl McpContext {
         }
     }
 
+    /// The shared cache's state in this process (`None` with the memory
+    /// backend): what `/metrics` reports.
+    pub fn shared_cache_status(&self) -> Option<crate::report::SharedCacheStatus> {
+        self.cache.shared_status()
+    }
+
     /// Entries in the content cache (all users).
     pub fn cached_entries(&self) -> usize {
         self.cache.len()
@@ -275,6 +281,12 @@ impl McpContext {
                 self.warm.get(key, &policy, listing_generation, self.cache.version(), &self.hub)
         {
             report.failed_servers = self.hub.failures();
+            // Everything came from the local cache this time.
+            report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
+                up: s.up,
+                error: s.error,
+                hits: 0,
+            });
             let total = ms(started.elapsed());
             report.timings = Timings { select_ms: 0.0, read_ms: 0.0, pack_ms: 0.0, total_ms: total };
             report.trace();
@@ -318,6 +330,11 @@ impl McpContext {
             read::read_within_deadline(&self.hub, &self.cache, self.settings.deadline_ms, selected, &req.user).await;
         report.cache_hits = hits;
         report.cache_misses = selected.len() - hits;
+        report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
+            up: s.up,
+            error: s.error,
+            hits: reads.iter().filter(|r| r.as_ref().is_ok_and(|c| c.shared)).count(),
+        });
         for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
             if s.restarts > before {
                 report.restarted_servers.push(s.name);

@@ -376,7 +376,10 @@ async fn readyz(State(state): State<Shared>) -> Response {
             })
         })
         .collect();
-    let degraded = servers.iter().any(|s| s["state"] != "connected");
+    // A shared cache that is down degrades, never blocks: requests go on
+    // with the local cache and MCP reads.
+    let shared = state.ctx.shared_cache_status();
+    let degraded = servers.iter().any(|s| s["state"] != "connected") || shared.as_ref().is_some_and(|s| !s.up);
     let draining = state.draining.load(Ordering::SeqCst);
     let status = if draining {
         "draining"
@@ -389,13 +392,14 @@ async fn readyz(State(state): State<Shared>) -> Response {
         "status": status,
         "policy": state.policy_path.as_ref().map_or("allow-all (no policy configured)".into(), |p| p.display().to_string()),
         "servers": servers,
+        "shared_cache": shared,
     });
     let code = if draining { axum::http::StatusCode::SERVICE_UNAVAILABLE } else { axum::http::StatusCode::OK };
     (code, axum::Json(body)).into_response()
 }
 
 async fn metrics(State(state): State<Shared>) -> Response {
-    let text = state.metrics.render(state.ctx.hub());
+    let text = state.metrics.render(state.ctx.hub(), state.ctx.shared_cache_status());
     let mut r = Response::new(Body::from(text));
     r.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -18,4 +18,5 @@ mod policy;
 mod relevance;
 mod security;
 mod serve;
+mod shared;
 mod tools;

@@ -82,6 +82,8 @@ fn main() {
         hang_list: flag("--hang-list"),
         fs: flag("--fs"),
         dir: val("--dir"),
+        delay_ms: num("--delay-ms", 0) as u64,
+        answer_after_ms: num("--answer-after-ms", 0) as u64,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
