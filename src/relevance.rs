@@ -616,7 +616,11 @@ mod terms {
             assert_eq!(split("Python"), ["Python"]);
         }
 
-        fn both_paths(text: &str) -> (Vec<(usize, u64)>, Vec<(usize, u64)>) {
+        /// `(offset, term)` in order.
+        type Terms = Vec<(usize, u64)>;
+
+        /// The terms of `text` by [`each_ascii`] and by [`each_unicode`].
+        fn both_paths(text: &str) -> (Terms, Terms) {
             let (mut fast, mut general) = (Vec::new(), Vec::new());
             SEEN.with_borrow_mut(|seen| {
                 each_ascii(text, seen, &mut |at, t| fast.push((at, t)));
