@@ -7,6 +7,7 @@
 //!     [--current-thread] [--skip-tokenizer]
 //! target/release/examples/bench_gather --sweep 250,500,1000,2000,4000 [--size 2048] [--current-thread]
 //! target/release/examples/bench_gather --relevance [--n 1000] [--size 2048] [--rounds 200]
+//! valgrind --tool=callgrind target/release/examples/bench_gather --cold-callgrind [--n 1000] [--size 2048]
 //! ```
 //! `--relevance`: query-aware context under `context.select: auto` and a
 //! 4000-token budget, everything cached: the warm injection of an unchanged
@@ -174,14 +175,11 @@ fn thread_cpu() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
-/// Thread CPU time of chunking and indexing the workload's texts (not its
-/// blobs) from scratch (a new index each run), and of tokenising them once:
-/// medians of 5, with the number of texts.
-fn cold_cpu(n: usize, size: usize) -> (usize, Duration, Duration) {
-    use mcp_context::{Annotations, ChunkIndex, ContentPart, Contents, Resource, ResourceId, Tokenizer};
+/// The workload's texts (not its blobs) as cached resources.
+fn cold_items(n: usize, size: usize) -> Vec<(mcp_context::Resource, std::sync::Arc<mcp_context::Contents>)> {
+    use mcp_context::{Annotations, ContentPart, Contents, Resource, ResourceId};
     use std::sync::Arc;
-    let (tok, _) = Tokenizer::for_model("gpt-4o");
-    let items: Vec<(Resource, Arc<Contents>)> = (0..n)
+    (0..n)
         .filter(|i| !workload::is_blob(*i))
         .map(|i| {
             let text = workload::make_text(workload::resource_seed(workload::DEFAULT_SEED, i), size);
@@ -202,30 +200,81 @@ fn cold_cpu(n: usize, size: usize) -> (usize, Duration, Duration) {
             };
             (resource, Arc::new(contents))
         })
-        .collect();
+        .collect()
+}
+
+type Items = [(mcp_context::Resource, std::sync::Arc<mcp_context::Contents>)];
+
+/// Chunks and indexes `items` from scratch (a new index); the number indexed.
+fn chunk_all(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
+    let index = mcp_context::ChunkIndex::new(mcp_context::DEFAULT_CHUNK_TOKENS, mcp_context::DEFAULT_CHUNK_OVERLAP);
+    for (r, c) in items {
+        index.prepare(tok, r, c);
+    }
+    index.len()
+}
+
+/// Tokenises the texts of `items` once; their tokens.
+fn tokenise_all(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
+    let mut tokens = 0;
+    for (_, c) in items {
+        if let mcp_context::ContentPart::Text { text, .. } = &c.parts[0] {
+            tokens += tok.count(text);
+        }
+    }
+    tokens
+}
+
+/// Thread CPU time of chunking and indexing the workload's texts (not its
+/// blobs) from scratch (a new index each run), and of tokenising them once:
+/// medians of 5, with the number of texts.
+fn cold_cpu(n: usize, size: usize) -> (usize, Duration, Duration) {
+    let (tok, _) = mcp_context::Tokenizer::for_model("gpt-4o");
+    let items = cold_items(n, size);
     let (mut chunk, mut tokenise) = (Vec::new(), Vec::new());
     for _ in 0..5 {
         let t = thread_cpu();
-        let index = ChunkIndex::new(mcp_context::DEFAULT_CHUNK_TOKENS, mcp_context::DEFAULT_CHUNK_OVERLAP);
-        for (r, c) in &items {
-            index.prepare(&tok, r, c);
-        }
+        assert_eq!(chunk_all(&tok, &items), items.len());
         chunk.push(thread_cpu() - t);
-        assert_eq!(index.len(), items.len());
         let t = thread_cpu();
-        let mut tokens = 0;
-        for (_, c) in &items {
-            if let ContentPart::Text { text, .. } = &c.parts[0] {
-                tokens += tok.count(text);
-            }
-        }
+        assert!(tokenise_all(&tok, &items) > 0);
         tokenise.push(thread_cpu() - t);
-        assert!(tokens > 0);
     }
     (items.len(), median(chunk), median(tokenise))
 }
 
+/// `--cold-callgrind`: the cold ratio of `--relevance` as instruction
+/// counts, which other work on the machine does not change. Both steps run
+/// once to warm up (as runs 2 to 5 of [`cold_cpu`] are), then once each in
+/// their own function; read their inclusive counts with
+/// `valgrind --tool=callgrind --callgrind-out-file=cg.out target/release/examples/bench_gather --cold-callgrind`
+/// and `callgrind_annotate --inclusive=yes cg.out | grep measured_`.
+fn cold_callgrind(n: usize, size: usize) {
+    let (tok, _) = mcp_context::Tokenizer::for_model("gpt-4o");
+    let items = cold_items(n, size);
+    chunk_all(&tok, &items);
+    tokenise_all(&tok, &items);
+    let indexed = measured_chunk_and_index(&tok, &items);
+    let tokens = measured_tokenise(&tok, &items);
+    println!("{indexed} texts chunked and indexed; {tokens} tokens");
+}
+
+#[inline(never)]
+fn measured_chunk_and_index(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
+    std::hint::black_box(chunk_all(tok, std::hint::black_box(items)))
+}
+
+#[inline(never)]
+fn measured_tokenise(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
+    std::hint::black_box(tokenise_all(tok, std::hint::black_box(items)))
+}
+
 async fn run(args: Vec<String>) {
+    if args.iter().any(|a| a == "--cold-callgrind") {
+        let n = flag(&args, "--n").and_then(|v| v.parse().ok()).unwrap_or(1000);
+        let size = flag(&args, "--size").and_then(|v| v.parse().ok()).unwrap_or(2048);
+        return cold_callgrind(n, size);
+    }
     if args.iter().any(|a| a == "--relevance") {
         let me = std::env::current_exe().expect("current exe");
         let server = flag(&args, "--server-cmd")

@@ -449,18 +449,141 @@ mod terms {
 
     /// Calls `emit(offset, term)` for each term of `text`, in order.
     pub(super) fn each(text: &str, mut emit: impl FnMut(usize, u64)) {
+        SEEN.with_borrow_mut(|seen| {
+            if text.is_ascii() { each_ascii(text, seen, &mut emit) } else { each_unicode(text, seen, &mut emit) }
+        })
+    }
+
+    /// [`each`] by the general path: `unicode-segmentation`'s words, then
+    /// [`parts`] and [`term`].
+    fn each_unicode(text: &str, seen: &mut Seen, emit: &mut impl FnMut(usize, u64)) {
         let mut buf = String::new();
         let mut ranges = Vec::new();
-        SEEN.with_borrow_mut(|seen| {
-            for (at, word) in text.unicode_word_indices() {
-                parts(word, &mut ranges);
-                for &(a, b) in &ranges {
-                    if let Some(t) = term(&word[a..b], &mut buf, seen) {
-                        emit(at + a, t);
-                    }
-                }
+        for (at, word) in text.unicode_word_indices() {
+            word_terms(at, word, &mut buf, &mut ranges, seen, emit);
+        }
+    }
+
+    fn word_terms(
+        at: usize,
+        word: &str,
+        buf: &mut String,
+        ranges: &mut Vec<(usize, usize)>,
+        seen: &mut Seen,
+        emit: &mut impl FnMut(usize, u64),
+    ) {
+        parts(word, ranges);
+        for &(a, b) in ranges.iter() {
+            if let Some(t) = term(&word[a..b], buf, seen) {
+                emit(at + a, t);
             }
-        })
+        }
+    }
+
+    /// Letters, digits and `_`: what an ASCII word is made of.
+    const CORE: u8 = 1;
+    /// Letters and digits: a word needs one.
+    const ALNUM: u8 = 2;
+    /// `_`, `.` or a capital after a word's first byte: split it into parts.
+    const SPLIT: u8 = 4;
+
+    /// [`CORE`], [`ALNUM`] and [`SPLIT`] of each byte (one lookup per byte
+    /// in [`each_ascii`]'s loop).
+    static CLASS: [u8; 256] = {
+        let mut t = [0u8; 256];
+        let mut b = 0;
+        while b < 128 {
+            let c = b as u8;
+            if c.is_ascii_alphanumeric() {
+                t[b] = CORE | ALNUM;
+            }
+            if c == b'_' {
+                t[b] = CORE | SPLIT;
+            }
+            if c.is_ascii_uppercase() {
+                t[b] |= SPLIT;
+            }
+            b += 1;
+        }
+        t
+    };
+
+    /// `b` between `prev` and `next` stays inside a word (UAX #29 WB6/7,
+    /// WB11/12 on ASCII: `3.14`, `1,000`, `e.g`, `don't`, `a:b`).
+    fn is_infix(b: u8, prev: u8, next: u8) -> bool {
+        match b {
+            b'.' | b',' | b';' | b'\'' if prev.is_ascii_digit() && next.is_ascii_digit() => true,
+            b'\'' | b'.' | b':' if prev.is_ascii_alphabetic() && next.is_ascii_alphabetic() => true,
+            _ => false,
+        }
+    }
+
+    /// [`each`] on ASCII text in one pass, the same terms as
+    /// [`each_unicode`] (test `ascii_path_agrees_with_the_unicode_one`):
+    /// words are found as `unicode-segmentation` finds them in ASCII (its
+    /// own ASCII rules, here fused with the rest), and a plain word (no
+    /// `.`, `_` or capital after its first letter, which most are) is
+    /// looked up by its own bytes, without splitting or folding it first.
+    /// Chunking is most of the cost of a cold request besides tokenising,
+    /// and this was the largest part of it (issue 15).
+    fn each_ascii(text: &str, seen: &mut Seen, emit: &mut impl FnMut(usize, u64)) {
+        let bytes = text.as_bytes();
+        let len = bytes.len();
+        let (mut buf, mut ranges) = (String::new(), Vec::new());
+        let mut i = 0;
+        while i < len {
+            let first = CLASS[bytes[i] as usize];
+            if first & CORE == 0 {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            // The first byte's own SPLIT does not count (see `parts`).
+            let mut class = first & !SPLIT;
+            i += 1;
+            while i < len {
+                let b = bytes[i];
+                let c = CLASS[b as usize];
+                if c & CORE != 0 {
+                    class |= c;
+                } else if i + 1 < len && is_infix(b, bytes[i - 1], bytes[i + 1]) {
+                    if b == b'.' {
+                        class |= SPLIT;
+                    }
+                } else {
+                    break;
+                }
+                i += 1;
+            }
+            if class & ALNUM == 0 {
+                continue;
+            }
+            let word = &text[start..i];
+            if class & SPLIT == 0 {
+                if let Some(t) = plain_term(word, &mut buf, seen) {
+                    emit(start, t);
+                }
+            } else {
+                word_terms(start, word, &mut buf, &mut ranges, seen, emit);
+            }
+        }
+    }
+
+    /// [`term`] of an ASCII word that is its own only part: memoised under
+    /// the word as written, so a word seen before costs one hash and one
+    /// lookup. (A written form and its folded form map to the same term,
+    /// so both keys may stand in [`Seen`].)
+    fn plain_term(word: &str, buf: &mut String, seen: &mut Seen) -> Option<u64> {
+        let key = seen.key.hash_one(word.as_bytes());
+        if let Some(t) = seen.terms.get(&key) {
+            return *t;
+        }
+        let t = term(word, buf, seen);
+        if seen.terms.len() >= SEEN_LIMIT {
+            seen.terms.clear();
+        }
+        seen.terms.insert(key, t);
+        t
     }
 
     /// `(term, count)` of `text`, sorted by term.
@@ -502,6 +625,48 @@ mod terms {
             assert_eq!(split("utf8Decode"), ["utf8", "Decode"]);
             assert_eq!(split("don't"), ["don't"]);
             assert_eq!(split("Python"), ["Python"]);
+        }
+
+        /// `(offset, term)` in order.
+        type Terms = Vec<(usize, u64)>;
+
+        /// The terms of `text` by [`each_ascii`] and by [`each_unicode`].
+        fn both_paths(text: &str) -> (Terms, Terms) {
+            let (mut fast, mut general) = (Vec::new(), Vec::new());
+            SEEN.with_borrow_mut(|seen| {
+                each_ascii(text, seen, &mut |at, t| fast.push((at, t)));
+                each_unicode(text, seen, &mut |at, t| general.push((at, t)));
+            });
+            (fast, general)
+        }
+
+        #[test]
+        fn ascii_path_agrees_on_word_edges() {
+            for text in [
+                "3.14 1,000 e.g. don't a:b x'y 1'2 a.1 1.a _ __ _x x_ __init__ a__b os.popen() Ab.cD",
+                "sys.stdout HTTPServer UnboundLocalError _SomeClassName__spam utf8Decode a\r\nb ...a.. ,1, 'a' :a:",
+                "end.",
+                ".start",
+            ] {
+                let (fast, general) = both_paths(text);
+                assert_eq!(fast, general, "{text:?}");
+            }
+        }
+
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+            #[test]
+            fn ascii_path_agrees_with_the_unicode_one(
+                text in prop::collection::vec(prop::sample::select(vec![
+                    "a", "B", "z", "Q", "0", "9", ".", ",", ";", ":", "'", "_", " ", "\n", "\r", "-", "(", "/",
+                    "the", "The", "Penguins", "don't", "os", "HTTP", "Server", "x1", "\t", "\"",
+                ]), 0..40).prop_map(|v: Vec<&str>| v.concat())
+            ) {
+                let (fast, general) = both_paths(&text);
+                prop_assert_eq!(fast, general);
+            }
         }
 
         #[test]
@@ -634,10 +799,12 @@ impl ChunkIndex {
         // apart exactly (see `Chunked::whole_tokens_at_least`), the head's
         // tokens are the line's then the body's.
         let (open_tokens, token_ends) = if tok.is_additive() && !body.starts_with(['\n', '\r', '/']) {
-            let ends = tok.token_ends(&head);
+            let mut ends = tok.token_ends(&head);
             let open = ends.partition_point(|&e| (e as usize) <= body_start);
             debug_assert_eq!(open, tok.count(&head[..body_start]));
-            (open, ends[open..].iter().map(|e| e - body_start as u32).collect())
+            ends.drain(..open);
+            ends.iter_mut().for_each(|e| *e -= body_start as u32);
+            (open, ends)
         } else {
             (tok.count(&head[..body_start]), tok.token_ends(body))
         };

@@ -1,7 +1,7 @@
 //! The compiled form of a policy and how one resource is matched against it:
 //! each grant's (role's or user's own) allow and deny rules in a [`RuleSet`]
-//! indexed by literal server name, with the general globs of each field in
-//! one `GlobSet`; the policy-wide [`Index`] of server names and shared
+//! indexed by literal server name, with the general `uri` globs in one
+//! [`GlobsRegex`]; the policy-wide [`Index`] of server names and shared
 //! `server`/`mime` globs; and the [`Subject`], a resource prepared once per
 //! decision. See the parent module's "How decisions stay cheap".
 
@@ -96,8 +96,8 @@ pub(super) struct Rule {
 ///   candidates;
 /// * the candidates are tried in file order, so the first match is the
 ///   rule that decides; a field whose glob has a literal shape (`x`,
-///   `x*y`, `x**y`) is tested directly, the other globs of each field are
-///   compiled into one `GlobSet` per rule set, run at most once per
+///   `x*y`, `x**y`) is tested directly, the other `uri` globs are
+///   compiled into one [`GlobsRegex`] per rule set, run at most once per
 ///   resource and only when a candidate needs it; its match indices map
 ///   back to rules through `rule_of`.
 #[derive(Debug, Default)]
@@ -115,9 +115,89 @@ pub(super) struct RuleSet {
 /// A field's general globs, compiled together.
 #[derive(Debug)]
 pub(super) struct FieldSet {
-    pub(super) set: GlobSet,
+    pub(super) set: GlobsRegex,
     /// The rule each glob of `set` belongs to (a pattern may be several globs).
     pub(super) rule_of: Vec<u32>,
+}
+
+/// Globs compiled together, matched whole against a string, reporting
+/// every glob that matches.
+///
+/// A policy has one such set per rule set (hundreds or thousands). Each
+/// `GlobSet` would keep its own regex search caches, allocated on its first
+/// use and kept for the process's life (about 5 KiB each: 5 MiB more after
+/// a few dozen users' decisions at 10k rules), and would compile one more
+/// regex per glob for its extension strategy. So a rule set's globs are
+/// globset's own regexes ([`Glob::regex`], compiled with globset's options)
+/// in one multi-pattern regex, and they share [`CACHE_SLOTS`] search caches
+/// per thread: regex `id` uses slot `id % CACHE_SLOTS`, replaced by a new
+/// cache when another regex used the slot last. Memory no longer grows with the rule
+/// sets decisions touch, and one user's rule sets (a hundred for 50 roles)
+/// mostly keep their slots from one resource to the next, so a regex's
+/// lazy DFA is rarely rebuilt.
+pub(super) struct GlobsRegex {
+    regex: regex_automata::meta::Regex,
+    /// Unique in the process: which regex the thread's cache is set up for.
+    id: u64,
+}
+
+static NEXT_REGEX_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Search caches per thread that [`GlobsRegex`]es share.
+const CACHE_SLOTS: usize = 128;
+
+thread_local! {
+    /// The search caches [`GlobsRegex`]es share on this thread, each with
+    /// the id of the regex it is set up for.
+    static SEARCH_CACHES: std::cell::RefCell<Vec<Option<(u64, regex_automata::meta::Cache)>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl std::fmt::Debug for GlobsRegex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GlobsRegex({} globs)", self.regex.pattern_len())
+    }
+}
+
+impl GlobsRegex {
+    pub(super) fn build(globs: &[Glob]) -> std::result::Result<Self, String> {
+        use regex_automata::{MatchKind, meta::Regex, util::syntax};
+        let regexes: Vec<&str> = globs.iter().map(Glob::regex).collect();
+        // The options `globset` builds its regex sets with (0.4.22, `new_regex_set`).
+        let regex = Regex::builder()
+            .syntax(syntax::Config::new().utf8(false).dot_matches_new_line(true))
+            .configure(
+                Regex::config()
+                    .match_kind(MatchKind::All)
+                    .utf8_empty(false)
+                    .nfa_size_limit(Some(10 * (1 << 20)))
+                    .hybrid_cache_capacity(10 * (1 << 20)),
+            )
+            .build_many(&regexes)
+            .map_err(|e| e.to_string())?;
+        let id = NEXT_REGEX_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(GlobsRegex { regex, id })
+    }
+
+    /// Indices of the globs matching `s`, ascending.
+    pub(super) fn matches_into(&self, s: &str, out: &mut Vec<usize>) {
+        use regex_automata::{Input, PatternSet};
+        let mut set = PatternSet::new(self.regex.pattern_len());
+        SEARCH_CACHES.with_borrow_mut(|slots| {
+            if slots.is_empty() {
+                slots.resize_with(CACHE_SLOTS, || None);
+            }
+            let slot = &mut slots[(self.id % CACHE_SLOTS as u64) as usize];
+            // A fresh cache, not `Cache::reset`: regex-automata 0.4 panics
+            // resetting a cache made for a regex of another search strategy.
+            let cache = match slot {
+                Some((id, cache)) if *id == self.id => cache,
+                _ => &mut slot.insert((self.id, self.regex.create_cache())).1,
+            };
+            self.regex.which_overlapping_matches_with(cache, &Input::new(s.as_bytes()), &mut set);
+        });
+        out.extend(set.iter().map(|p| p.as_usize()));
+    }
 }
 
 /// The fields a rule matches, each against its own string.
@@ -138,7 +218,7 @@ pub(super) const FIELDS: usize = 4;
 /// set), and the general `server` and `mime` globs, which are few distinct
 /// ones however many rules repeat them: each field's in one `GlobSet`, run
 /// at most once per decision. (`uri` globs are many and mostly distinct:
-/// they go in their rule set's own `GlobSet`.)
+/// they go in their rule set's own [`GlobsRegex`].)
 #[derive(Debug, Default)]
 pub(super) struct Index {
     pub(super) servers: HashMap<String, u32>,
@@ -204,7 +284,7 @@ impl Index {
 impl RuleSet {
     pub(super) fn new(rules: Vec<Rule>, servers: &mut Index) -> std::result::Result<Self, String> {
         let mut set = RuleSet { rules, ..RuleSet::default() };
-        let mut builders: [Option<(GlobSetBuilder, Vec<u32>)>; FIELDS] = Default::default();
+        let mut builders: [Option<(Vec<Glob>, Vec<u32>)>; FIELDS] = Default::default();
         for (i, rule) in set.rules.iter_mut().enumerate() {
             let i = i as u32;
             match &rule.server.matcher {
@@ -225,10 +305,9 @@ impl RuleSet {
                         shared[field as usize] = servers.intern_globs(field, &globs);
                         continue;
                     }
-                    let (builder, rule_of) =
-                        builders[field as usize].get_or_insert_with(|| (GlobSetBuilder::new(), Vec::new()));
+                    let (builder, rule_of) = builders[field as usize].get_or_insert_with(|| (Vec::new(), Vec::new()));
                     for g in globs.into_vec() {
-                        builder.add(g);
+                        builder.push(g);
                         rule_of.push(i);
                     }
                 }
@@ -238,7 +317,7 @@ impl RuleSet {
         set.by_server.sort_unstable();
         for (slot, built) in set.sets.iter_mut().zip(builders) {
             if let Some((builder, rule_of)) = built {
-                let globs = builder.build().map_err(|e| {
+                let globs = GlobsRegex::build(&builder).map_err(|e| {
                     format!("these rules are too many or too complex to compile together ({e}); split them over several roles")
                 })?;
                 *slot = Some(FieldSet { set: globs, rule_of });
@@ -318,7 +397,7 @@ impl RuleSet {
                 let matched = hits.0[field as usize].get_or_insert_with(|| {
                     let Some(fs) = &self.sets[field as usize] else { return Vec::new() };
                     let mut globs = Vec::new();
-                    fs.set.matches_candidate_into(&Candidate::from_bytes(s.as_bytes()), &mut globs);
+                    fs.set.matches_into(s, &mut globs);
                     // Ascending glob indices give ascending rules (a rule's globs are contiguous).
                     let mut rules: Vec<u32> = globs.into_iter().map(|g| fs.rule_of[g]).collect();
                     rules.dedup();

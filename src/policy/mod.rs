@@ -39,9 +39,11 @@
 //! tried only against rules that can apply to it; globs of a literal shape
 //! (`x`, `x*y`, `x**y`, which most are) are tested directly, behind a check
 //! of their first 16 bytes; the other `uri` globs of a rule set are compiled
-//! into one `GlobSet`, and the other `server` and `mime` globs (few distinct
-//! ones, however many rules repeat them) into one `GlobSet` each for the
-//! whole policy; a set runs at most once per resource, only when a
+//! into one multi-pattern regex (globset's own regexes; the rule sets share
+//! a fixed number of search caches per thread, so memory does not grow with
+//! the rule sets decisions touch), and the other `server` and `mime` globs
+//! (few distinct ones, however many rules repeat them) into one `GlobSet`
+//! each for the whole policy; a set runs at most once per resource, only when a
 //! candidate's literal runs occur in the string. Candidates are tried in
 //! file order and grants in decision order, and a set's match indices map
 //! back to rules, so the deciding rule is the one the definition names.
