@@ -70,8 +70,15 @@ async fn no_cross_user_leaks_while_resources_change() {
             let mut i = 0;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 i += 1;
-                std::fs::write(&live, format!("live v{i}")).unwrap();
-                std::fs::write(&list, if i % 2 == 0 { "8" } else { "6" }).unwrap();
+                // Replaced whole (written aside, then renamed): a plain write
+                // truncates first, and a read in between would see an empty page.
+                let write = |path: &std::path::Path, text: String| {
+                    let aside = path.with_extension("new");
+                    std::fs::write(&aside, text).unwrap();
+                    std::fs::rename(&aside, path).unwrap();
+                };
+                write(&live, format!("live v{i}"));
+                write(&list, (if i % 2 == 0 { "8" } else { "6" }).to_owned());
                 tokio::time::sleep(Duration::from_millis(30)).await;
             }
         })
