@@ -64,7 +64,7 @@ pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
 pub use config::{
     Config, ContextSettings, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_UPSTREAM, ENV_ALLOWLIST, KeyDigest,
-    MessageRole, ServeSettings, ServerConfig, Transport,
+    MessageRole, Protocol, ServeSettings, ServerConfig, Transport,
 };
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};

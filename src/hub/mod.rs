@@ -32,6 +32,7 @@
 mod connect;
 mod convert;
 mod list;
+mod listen;
 mod server;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -334,14 +335,19 @@ impl Hub {
         join_all(ids.iter().map(|id| self.read(id))).await
     }
 
-    /// Subscribes to updates of one resource, where the server supports it.
-    /// Returns whether a subscription is now in place. The cache subscribes
+    /// Subscribes to updates of one resource, where the server supports it
+    /// (`resources/subscribe` on 2025-11-25, `subscriptions/listen` on
+    /// 2026-07-28). Returns whether a subscription is now in place. The cache subscribes
     /// for what it keeps; updates arrive as [`HubEvent::Updated`].
     pub(crate) async fn subscribe(&self, id: &ResourceId) -> Result<bool> {
         let server = self.server(&id.server)?;
         let live = self.live(server).await?;
         if !live.subscribe {
             return Ok(false);
+        }
+        if let Some(listener) = &live.listener {
+            let what = format!("subscriptions/listen {}", id.uri);
+            return listener.add(&id.uri).await.map_err(|e| map_service_error(e, &id.server, &what, None));
         }
         let what = format!("resources/subscribe {}", id.uri);
         #[allow(deprecated)]

@@ -15,6 +15,7 @@ mod gate;
 mod hub;
 mod inject;
 mod policy;
+mod protocol;
 mod relevance;
 mod security;
 mod serve;
