@@ -253,7 +253,7 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
                     None if matches!(e, rmcp::service::ClientInitializeError::ConnectionClosed(_)) => {
                         format!("closed its stdout before answering {what}")
                     }
-                    None => format!("{what} failed: {e}"),
+                    None => format!("{what} failed: {}", super::convert::init_cause(&e)),
                 },
                 Ok(Ok(s)) => {
                     diag.connected();

@@ -17,6 +17,7 @@ mod inject;
 mod policy;
 mod protocol;
 mod relevance;
+mod sdk;
 mod security;
 mod serve;
 mod tools;

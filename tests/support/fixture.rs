@@ -68,6 +68,8 @@ pub struct Options {
     /// Speak only 2025-11-25 and older: `server/discover` is "method not
     /// found", as on a server built before 2026-07-28.
     pub only_2025: bool,
+    /// Also log `discover`, `initialize` and `listen URIS` to the `--record` log.
+    pub record_lifecycle: bool,
     /// List results say `ttlMs` = this (and `cacheScope: public`).
     pub list_ttl_ms: Option<u64>,
     /// Read results say `ttlMs` = this (and `cacheScope: public`).
@@ -244,8 +246,11 @@ impl Fixture {
         v
     }
 
-    /// Appends a line to the `--record` log without counting a read.
+    /// Appends a lifecycle line to the `--record` log (with `--record-lifecycle`).
     fn log(&self, line: &str) {
+        if !self.opts.record_lifecycle {
+            return;
+        }
         if let Some(path) = &self.opts.record
             && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
         {

@@ -8,7 +8,7 @@
 //! the value of $FIXTURE_SECRET in it, then exit 1), `--banner` (a banner line
 //! on stdout before serving), `--hang-list` (never answers resources/list),
 //! `--only-2026` (rejects `initialize`), `--only-2025` (no `server/discover`),
-//! `--list-ttl-ms N` / `--read-ttl-ms N` (list / read results carry
+//! `--record-lifecycle` (also logs discover/initialize/listen), `--list-ttl-ms N` / `--read-ttl-ms N` (list / read results carry
 //! `ttlMs: N`, `cacheScope: public`).
 
 #[path = "fixture.rs"]
@@ -87,6 +87,7 @@ fn main() {
         dir: val("--dir"),
         only_2026: flag("--only-2026"),
         only_2025: flag("--only-2025"),
+        record_lifecycle: flag("--record-lifecycle"),
         list_ttl_ms: val("--list-ttl-ms").and_then(|v| v.parse().ok()),
         read_ttl_ms: val("--read-ttl-ms").and_then(|v| v.parse().ok()),
     };
