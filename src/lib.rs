@@ -81,7 +81,7 @@ pub use relevance::{
     SelectMode, compose_by_relevance,
 };
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
-pub use report::{ExcludeReason, Excluded, Included, Report, ServerFailure, Timings};
+pub use report::{ExcludeReason, Excluded, Included, Report, ServerFailure, ServerProtocol, Timings};
 pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
 pub use tools::{
     LIST_TOOL, READ_TOOL, ResourceTools, ToolResult, add_tools, format_listing, is_resource_tool, tool_definitions,

@@ -275,6 +275,7 @@ impl McpContext {
                 self.warm.get(key, &policy, listing_generation, self.cache.version(), &self.hub)
         {
             report.failed_servers = self.hub.failures();
+            report.servers = self.hub.protocols();
             let total = ms(started.elapsed());
             report.timings = Timings { select_ms: 0.0, read_ms: 0.0, pack_ms: 0.0, total_ms: total };
             report.trace();
@@ -292,6 +293,7 @@ impl McpContext {
             role: Some(self.settings.role),
             budget,
             failed_servers: self.hub.failures(),
+            servers: self.hub.protocols(),
             warnings: warning.into_iter().collect(),
             ..Report::default()
         };

@@ -140,7 +140,7 @@ impl Hub {
 
 /// Connects (or reconnects) one server and lists it. Records the outcome;
 /// `restart`: it replaces a connection that was lost.
-pub(super) async fn connect_one(shared: &Shared, s: &Server, restart: bool) -> bool {
+pub(super) async fn connect_one(shared: &Arc<Shared>, s: &Server, restart: bool) -> bool {
     let host =
         Host { server: s.cfg.name.as_str().into(), events: shared.events.clone(), relist: shared.relist_tx.clone() };
     let started = std::time::Instant::now();
@@ -163,6 +163,7 @@ pub(super) async fn connect_one(shared: &Shared, s: &Server, restart: bool) -> b
                 }
             };
             let (listing, ()) = tokio::join!(list_server(&s.cfg, &live), listen);
+            super::list::schedule_relist(shared, &s.cfg.name, &live, &listing);
             if s.listed(&live, listing, Some(ms(started.elapsed() - connected))) {
                 shared.generation.fetch_add(1, Ordering::SeqCst);
             }

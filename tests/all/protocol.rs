@@ -287,4 +287,40 @@ async fn the_negotiated_revision_is_shown() {
     let protocol = |name: &str| servers.iter().find(|s| s["name"] == name).map(|s| s["protocol"].clone());
     assert_eq!(protocol("new"), Some("2026-07-28".into()), "{json}");
     assert_eq!(protocol("old"), Some("2025-11-25".into()), "{json}");
+
+    // The report's server section, in `preview --json` and its table.
+    let out = std::process::Command::new(MCP_CONTEXT)
+        .args(["--config", path.to_str().unwrap(), "preview", "--user", "u", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        json["servers"],
+        serde_json::json!([{"server": "new", "protocol": "2026-07-28"}, {"server": "old", "protocol": "2025-11-25"}]),
+        "{json}"
+    );
+}
+
+/// A list result's `ttlMs` is honoured: a server that cannot announce
+/// `list_changed` but says its list keeps 300 ms is re-listed after that
+/// (at least 1 s), on both revisions.
+#[tokio::test]
+async fn list_ttl_re_lists_a_server_without_list_changed() {
+    for protocol in ["2026-07-28", "2025-11-25"] {
+        let t = tag();
+        let dir = tempfile::tempdir().unwrap();
+        let n = dir.path().join("n.txt");
+        std::fs::write(&n, "2").unwrap();
+        let args = ["--list-file", n.to_str().unwrap(), "--list-ttl-ms", "300"];
+        let hub = Hub::connect(&config(&format!("servers:\n{}", fixture_as("fx", &t, &args, Some(protocol))))).await;
+        assert_eq!(hub.resources().len(), 2, "{protocol}");
+        std::fs::write(&n, "3").unwrap();
+        let started = Instant::now();
+        while hub.resources().len() != 3 && started.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(hub.resources().len(), 3, "{protocol}: re-listed after the list's ttlMs");
+        hub.close().await;
+    }
 }
