@@ -70,6 +70,110 @@ struct RawConfig {
     context: Option<ContextSettings>,
     #[serde(default)]
     serve: Option<RawServe>,
+    #[serde(default)]
+    cache: Option<RawCache>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCache {
+    #[serde(default)]
+    backend: CacheBackend,
+    url: Option<String>,
+    key_prefix: Option<String>,
+    ttl_ms: Option<u64>,
+    lock_ms: Option<u64>,
+    wait_ms: Option<u64>,
+    timeout_ms: Option<u64>,
+    ca_file: Option<String>,
+}
+
+impl fmt::Debug for RawCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RawCache { .. }")
+    }
+}
+
+/// Where read contents are kept (`cache.backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheBackend {
+    /// In this process only (the default).
+    #[default]
+    Memory,
+    /// In this process and in Redis, shared by every replica that names the
+    /// same Redis and key prefix.
+    Redis,
+}
+
+/// Default `cache.url`.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
+/// Default `cache.key_prefix`.
+pub const DEFAULT_KEY_PREFIX: &str = "mcp-context:";
+
+/// The `cache:` section: whether read contents are also shared through
+/// Redis by every replica of a deployment (see the `cache` module).
+///
+/// The per-server `cache`, `cache_ttl_ms` and `serve_stale` settings still
+/// decide what is cached at all and for how long; this section only adds the
+/// shared layer behind the in-process cache.
+#[derive(Clone)]
+pub struct CacheSettings {
+    /// `memory` (default) or `redis`.
+    pub backend: CacheBackend,
+    /// Redis URL (`redis://`, `rediss://` for TLS, `redis+unix://`); may
+    /// carry credentials, so it is never printed whole (see `Debug`).
+    pub url: String,
+    /// Prefix of every key and channel, so deployments can share one Redis.
+    pub key_prefix: String,
+    /// Redis expiry of entries that have neither a server `ttlMs` hint nor a
+    /// TTL of their own (those of servers that notify changes): a backstop
+    /// for changes that no replica was subscribed to see.
+    pub ttl: Duration,
+    /// Life of the single-flight lock: a replica that dies while reading
+    /// holds the others up at most this long.
+    pub lock: Duration,
+    /// How long a replica waits for another's read of the same resource
+    /// before reading it itself.
+    pub wait: Duration,
+    /// Longest wait for one Redis command; past it the shared cache counts as
+    /// down and requests go on without it.
+    pub timeout: Duration,
+    /// PEM certificate(s) to trust for `rediss://` besides the system's
+    /// roots (a private CA or a self-signed server), resolved against the
+    /// config's folder.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        Self {
+            backend: CacheBackend::Memory,
+            url: DEFAULT_REDIS_URL.into(),
+            key_prefix: DEFAULT_KEY_PREFIX.into(),
+            ttl: Duration::from_millis(300_000),
+            lock: Duration::from_millis(DEFAULT_TIMEOUT_MS),
+            wait: Duration::from_millis(DEFAULT_TIMEOUT_MS),
+            timeout: Duration::from_millis(250),
+            ca_file: None,
+        }
+    }
+}
+
+impl fmt::Debug for CacheSettings {
+    /// Never prints the URL's credentials.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheSettings")
+            .field("backend", &self.backend)
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("ttl", &self.ttl)
+            .field("lock", &self.lock)
+            .field("wait", &self.wait)
+            .field("timeout", &self.timeout)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
 }
 
 #[derive(Deserialize)]
@@ -498,6 +602,8 @@ pub struct Config {
     pub context: ContextSettings,
     /// The `serve:` section (defaults when absent).
     pub serve: ServeSettings,
+    /// The `cache:` section (the in-process cache only when absent).
+    pub cache: CacheSettings,
 }
 
 impl Config {
@@ -727,13 +833,81 @@ impl Config {
             None => ServeSettings::default(),
             Some(raw) => serve_settings(raw, root.get("serve").unwrap_or(&root), path, &base, env)?,
         };
-        Ok(Config { path: path.to_owned(), servers, policy: raw.policy.map(|p| base.join(p)), context, serve })
+        let cache = match raw.cache {
+            None => CacheSettings::default(),
+            Some(raw) => cache_settings(raw, root.get("cache").unwrap_or(&root), path, &base, env)?,
+        };
+        Ok(Config { path: path.to_owned(), servers, policy: raw.policy.map(|p| base.join(p)), context, serve, cache })
     }
 
     /// The server of that name.
     pub fn server(&self, name: &str) -> Option<&ServerConfig> {
         self.servers.iter().find(|s| s.name == name)
     }
+}
+
+/// Validates the `cache:` section: `${VAR}` in `url` (credentials belong
+/// in the environment), the URL's scheme, positive durations, and that this
+/// build has the Redis backend.
+fn cache_settings(
+    raw: RawCache,
+    node: &Node,
+    path: &Path,
+    base: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<CacheSettings> {
+    let err = |key: &str, message: String| {
+        let pos = node.get(key).map_or(node.pos, |n| n.pos);
+        Error::Config { path: path.to_owned(), line: Some(pos.line), column: Some(pos.column), message }
+    };
+    let d = CacheSettings::default();
+    let url = match raw.url.as_deref() {
+        None => d.url.clone(),
+        Some(u) => expand_vars(u, env).map_err(|var| {
+            err("url", format!("cache.url: environment variable `{var}` is not set; set it or remove `${{{var}}}`"))
+        })?,
+    };
+    if !["redis://", "rediss://", "redis+unix://", "unix://"].iter().any(|s| url.starts_with(s)) {
+        return Err(err(
+            "url",
+            format!(
+                "cache.url must start with redis://, rediss:// (TLS) or redis+unix:// (got `{}`)",
+                redact_url(&url)
+            ),
+        ));
+    }
+    if raw.backend == CacheBackend::Redis && !cfg!(feature = "redis") {
+        return Err(err("backend", "cache.backend: this build has no Redis support (feature `redis`)".into()));
+    }
+    #[cfg(feature = "redis")]
+    if let Err(e) = redis::Client::open(url.as_str()) {
+        return Err(err("url", format!("cache.url `{}` is not a valid Redis URL: {e}", redact_url(&url))));
+    }
+    let ms = |key: &str, v: Option<u64>, default: Duration| match v {
+        Some(0) => Err(err(key, format!("cache.{key} must be at least 1"))),
+        Some(v) => Ok(Duration::from_millis(v)),
+        None => Ok(default),
+    };
+    let lock = ms("lock_ms", raw.lock_ms, d.lock)?;
+    Ok(CacheSettings {
+        backend: raw.backend,
+        url,
+        key_prefix: raw.key_prefix.unwrap_or(d.key_prefix),
+        ttl: ms("ttl_ms", raw.ttl_ms, d.ttl)?,
+        lock,
+        wait: ms("wait_ms", raw.wait_ms, lock)?,
+        timeout: ms("timeout_ms", raw.timeout_ms, d.timeout)?,
+        ca_file: match raw.ca_file {
+            None => None,
+            Some(f) => {
+                let file = base.join(&f);
+                if let Err(e) = std::fs::metadata(&file) {
+                    return Err(err("ca_file", format!("cache.ca_file `{f}`: cannot read it: {e}")));
+                }
+                Some(file)
+            }
+        },
+    })
 }
 
 /// Validates the `serve:` section: `${VAR}` in `upstream` and

@@ -99,6 +99,12 @@ fn strip_context_instructions(s: &str) -> &str {
 /// as it is; an array's text parts (`text`, `input_text`) are joined by
 /// newlines. `None` when there is no user text.
 pub fn latest_user_text_json(body: &serde_json::Value) -> Option<String> {
+    user_texts_json(body).next()
+}
+
+/// The user texts of a Chat Completions (`messages`) or Responses (`input`)
+/// body, newest first, blank ones skipped.
+pub(crate) fn user_texts_json(body: &serde_json::Value) -> Box<dyn Iterator<Item = String> + '_> {
     fn text_of(content: &serde_json::Value) -> Option<String> {
         match content {
             serde_json::Value::String(s) => Some(s.clone()),
@@ -115,16 +121,20 @@ pub fn latest_user_text_json(body: &serde_json::Value) -> Option<String> {
     }
     let items = match (body.get("messages"), body.get("input")) {
         (Some(serde_json::Value::Array(m)), _) => m,
-        (_, Some(serde_json::Value::String(s))) => return Some(s.clone()).filter(|s| !s.trim().is_empty()),
+        (_, Some(serde_json::Value::String(s))) => {
+            return Box::new(Some(s.clone()).filter(|s| !s.trim().is_empty()).into_iter());
+        }
         (_, Some(serde_json::Value::Array(i))) => i,
-        _ => return None,
+        _ => return Box::new(std::iter::empty()),
     };
-    items
-        .iter()
-        .rev()
-        .filter(|m| m.get("role").and_then(|r| r.as_str()) == Some("user"))
-        .filter_map(|m| m.get("content").and_then(text_of))
-        .find(|t| !t.trim().is_empty())
+    Box::new(
+        items
+            .iter()
+            .rev()
+            .filter(|m| m.get("role").and_then(|r| r.as_str()) == Some("user"))
+            .filter_map(|m| m.get("content").and_then(text_of))
+            .filter(|t| !t.trim().is_empty()),
+    )
 }
 
 /// [`compose_instructions`] on a Responses body held as generic JSON. Only
@@ -234,5 +244,27 @@ mod tests {
         let items = json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": "typed"}]}]});
         assert_eq!(latest_user_text_json(&items).as_deref(), Some("typed"));
         assert_eq!(latest_user_text_json(&json!({"messages": [{"role": "system", "content": "s"}]})), None);
+    }
+
+    /// The proxy (JSON) and the typed `inject` rank by the same query: the
+    /// same turns with the same weights, not only the latest.
+    #[test]
+    fn the_json_and_typed_queries_are_one() {
+        use crate::relevance::{EARLIER_TURN_WEIGHT, Query};
+        use serde_json::json;
+        let body = json!({"model": "m", "messages": [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": "an answer"},
+            {"role": "user", "content": "   "},
+            {"role": "user", "content": [{"type": "text", "text": "second"}, {"type": "text", "text": "question"}]},
+        ]});
+        let typed: async_openai::types::chat::CreateChatCompletionRequest =
+            serde_json::from_value(body.clone()).unwrap();
+        let from_json = Query::from_chat_json(&body).unwrap();
+        assert_eq!(Some(from_json.clone()), Query::from_chat(&typed));
+        assert_ne!(from_json, Query::text("second\nquestion"), "earlier turns count too");
+        assert!(from_json.key().contains(&format!("{EARLIER_TURN_WEIGHT}\u{0}first question")), "{:?}", from_json);
+        assert_eq!(Query::from_chat_json(&json!({"input": "plain"})), Some(Query::text("plain")));
     }
 }

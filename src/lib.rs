@@ -63,8 +63,9 @@ mod yaml;
 pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
 pub use config::{
-    Config, ContextSettings, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_UPSTREAM, ENV_ALLOWLIST, KeyDigest,
-    MessageRole, Protocol, ServeSettings, ServerConfig, Transport,
+    CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, ENV_ALLOWLIST, KeyDigest, MessageRole, Protocol, ServeSettings, ServerConfig,
+    Transport,
 };
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
@@ -81,7 +82,10 @@ pub use relevance::{
     SelectMode, compose_by_relevance,
 };
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
-pub use report::{ExcludeReason, Excluded, Included, Report, ServerFailure, ServerProtocol, Timings};
+pub use report::{
+    ExcludeReason, Excluded, Included, Report, ServerFailure, ServerProtocol, SharedCacheReport, SharedCacheStatus,
+    Timings,
+};
 pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
 pub use tools::{
     LIST_TOOL, READ_TOOL, ResourceTools, ToolResult, add_tools, format_listing, is_resource_tool, tool_definitions,

@@ -172,11 +172,22 @@ impl Query {
             }),
             _ => None,
         });
-        let turns: Vec<(String, f32)> = users
+        Self::from_user_turns(users)
+    }
+
+    /// [`Query::from_chat`] on a Chat Completions or Responses body held as
+    /// generic JSON (what `serve` relays): the same turns, the same weights.
+    pub fn from_chat_json(body: &serde_json::Value) -> Option<Query> {
+        Self::from_user_turns(crate::inject::user_texts_json(body))
+    }
+
+    /// The one weighting of user turns, given newest first.
+    fn from_user_turns(newest_first: impl Iterator<Item = String>) -> Option<Query> {
+        let turns: Vec<(String, f32)> = newest_first
+            .filter(|t| !t.trim().is_empty())
             .take(EARLIER_TURNS + 1)
             .enumerate()
             .map(|(k, t)| (t, EARLIER_TURN_WEIGHT.powi(k as i32)))
-            .filter(|(t, _)| !t.trim().is_empty())
             .collect();
         (!turns.is_empty()).then_some(Query { turns })
     }

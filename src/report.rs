@@ -10,6 +10,38 @@ use serde::Serialize;
 use crate::config::MessageRole;
 use crate::relevance::{ChunkReport, SelectMode};
 
+/// The shared cache (`cache.backend: redis`) as one request saw it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SharedCacheReport {
+    /// Whether Redis answered and the event subscription was up.
+    pub up: bool,
+    /// Why it is down (requests go on without it meanwhile).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Resources of this request answered from Redis (another replica's
+    /// read) instead of their server.
+    pub hits: usize,
+}
+
+/// The state of the shared cache of one process, for `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SharedCacheStatus {
+    /// Whether Redis answered the last command and the event subscription
+    /// is up.
+    pub up: bool,
+    /// Why it is down (the cause, with the URL's credentials removed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Reads answered from Redis instead of the MCP server.
+    pub hits: u64,
+    /// Commands that failed or timed out.
+    pub errors: u64,
+    /// Invalidations this replica published (changes it learnt of itself).
+    pub invalidations_sent: u64,
+    /// Invalidations received from other replicas.
+    pub invalidations_received: u64,
+}
+
 /// A server that could not be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ServerFailure {
@@ -139,8 +171,12 @@ pub struct Report {
     pub restarted_servers: Vec<String>,
     /// Visible resources answered from the content cache without a read.
     pub cache_hits: usize,
-    /// Visible resources that had to be read from their server.
+    /// Visible resources that had to be read from their server (or, with
+    /// the shared cache, from Redis: see `shared_cache.hits`).
     pub cache_misses: usize,
+    /// The shared cache, with `cache.backend: redis`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_cache: Option<SharedCacheReport>,
     /// Why nothing was injected, when nothing was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -247,6 +283,9 @@ impl fmt::Display for Report {
         if !self.servers.is_empty() {
             let list: Vec<String> = self.servers.iter().map(|s| format!("{} {}", s.server, s.protocol)).collect();
             writeln!(f, "  servers: {}", list.join(", "))?;
+        }
+        if let Some(SharedCacheReport { up: false, error, .. }) = &self.shared_cache {
+            writeln!(f, "  shared cache down: {}", error.as_deref().unwrap_or("unknown cause"))?;
         }
         for w in &self.warnings {
             writeln!(f, "  warning: {w}")?;

@@ -90,8 +90,9 @@ pub struct ResourceTemplate {
     pub mime_type: Option<String>,
 }
 
-/// One part of a read result.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// One part of a read result. Serialisable so that the shared cache can
+/// keep it in Redis.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub enum ContentPart {
     /// Text content.
     Text {
@@ -110,7 +111,7 @@ pub enum ContentPart {
 }
 
 /// What `resources/read` returned for one resource.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct Contents {
     /// The parts, in the server's order.
     pub parts: Vec<ContentPart>,

@@ -197,7 +197,7 @@ pub(super) struct WarmMemo {
 pub(super) const WARM_MEMO_SIZE: usize = 256;
 
 /// What a request asks, besides its user's policy.
-#[derive(PartialEq, Eq, Hash)]
+#[derive(PartialEq, Eq)]
 pub(super) struct WarmKey {
     pub(super) user: String,
     pub(super) model: String,

@@ -225,6 +225,12 @@ impl McpContext {
         }
     }
 
+    /// The shared cache's state in this process (`None` with the memory
+    /// backend): what `/metrics` reports.
+    pub fn shared_cache_status(&self) -> Option<crate::report::SharedCacheStatus> {
+        self.cache.shared_status()
+    }
+
     /// Entries in the content cache (all users).
     pub fn cached_entries(&self) -> usize {
         self.cache.len()
@@ -254,6 +260,18 @@ impl McpContext {
         self.build_for(req, req.query.as_deref().map(Query::text)).await
     }
 
+    /// [`McpContext::build`] ranking by `query` in relevance mode when the
+    /// request has no `query` of its own (which wins): how `serve` ranks by
+    /// the conversation it relays ([`Query::from_chat_json`]), with the same
+    /// turns and weights as [`McpContext::inject`].
+    pub async fn build_ranked(
+        &self,
+        req: &ContextRequest,
+        query: Option<Query>,
+    ) -> Result<(Option<ContextMessage>, Report)> {
+        self.build_for(req, req.query.as_deref().map(Query::text).or(query)).await
+    }
+
     /// [`McpContext::build`] ranking by `query` (relevance mode).
     async fn build_for(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
         let started = Instant::now();
@@ -276,6 +294,12 @@ impl McpContext {
         {
             report.failed_servers = self.hub.failures();
             report.servers = self.hub.protocols();
+            // Everything came from the local cache this time.
+            report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
+                up: s.up,
+                error: s.error,
+                hits: 0,
+            });
             let total = ms(started.elapsed());
             report.timings = Timings { select_ms: 0.0, read_ms: 0.0, pack_ms: 0.0, total_ms: total };
             report.trace();
@@ -320,6 +344,11 @@ impl McpContext {
             read::read_within_deadline(&self.hub, &self.cache, self.settings.deadline_ms, selected, &req.user).await;
         report.cache_hits = hits;
         report.cache_misses = selected.len() - hits;
+        report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
+            up: s.up,
+            error: s.error,
+            hits: reads.iter().filter(|r| r.as_ref().is_ok_and(|c| c.shared)).count(),
+        });
         for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
             if s.restarts > before {
                 report.restarted_servers.push(s.name);

@@ -8,7 +8,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use mcp_context::{ExcludeReason, Hub, Report};
+use mcp_context::{ExcludeReason, Hub, Report, SharedCacheStatus};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -25,6 +25,13 @@ pub struct Metrics {
     restarts: Family<Labels, Gauge>,
     connected: Family<Labels, Gauge>,
     policy_reloads: Family<Labels, Counter>,
+    shared_up: Gauge,
+    shared_hits: Counter,
+    shared_errors: Counter,
+    shared_invalidations: Family<Labels, Counter>,
+    /// The shared cache's totals at the last scrape (its counters are the
+    /// engine's; these turn them into increments).
+    shared_last: std::sync::Mutex<[u64; 4]>,
 }
 
 fn latency_buckets() -> Histogram {
@@ -63,7 +70,36 @@ impl Metrics {
         registry.register("server_connected", "1 when the MCP server is connected", connected.clone());
         let policy_reloads = Family::<Labels, Counter>::default();
         registry.register("policy_reloads", "Policy reloads (SIGHUP), by result", policy_reloads.clone());
+        let shared_up = Gauge::default();
+        registry.register(
+            "shared_cache_up",
+            "1 when the shared (Redis) cache answers and its event subscription is up; absent with the memory backend",
+            shared_up.clone(),
+        );
+        let shared_hits = Counter::default();
+        registry.register(
+            "shared_cache_hits",
+            "Reads answered from the shared cache instead of the MCP server",
+            shared_hits.clone(),
+        );
+        let shared_errors = Counter::default();
+        registry.register(
+            "shared_cache_errors",
+            "Shared cache commands that failed or timed out",
+            shared_errors.clone(),
+        );
+        let shared_invalidations = Family::<Labels, Counter>::default();
+        registry.register(
+            "shared_cache_invalidations",
+            "Invalidations published by this replica (origin=local) or received from others (origin=remote)",
+            shared_invalidations.clone(),
+        );
         Self {
+            shared_up,
+            shared_hits,
+            shared_errors,
+            shared_invalidations,
+            shared_last: std::sync::Mutex::default(),
             registry,
             requests,
             injection_seconds,
@@ -101,11 +137,23 @@ impl Metrics {
         self.policy_reloads.get_or_create(&vec![("result", if ok { "ok" } else { "error" }.to_owned())]).inc();
     }
 
-    /// The text exposition, with the per-server gauges read from the hub now.
-    pub fn render(&self, hub: &Hub) -> String {
+    /// The text exposition, with the per-server gauges read from the hub
+    /// and the shared cache's state read now.
+    pub fn render(&self, hub: &Hub, shared: Option<SharedCacheStatus>) -> String {
         for s in hub.status() {
             self.restarts.get_or_create(&vec![("server", s.name.clone())]).set(i64::from(s.restarts));
             self.connected.get_or_create(&vec![("server", s.name)]).set(i64::from(s.connected));
+        }
+        if let Some(s) = shared {
+            self.shared_up.set(i64::from(s.up));
+            let now = [s.hits, s.errors, s.invalidations_sent, s.invalidations_received];
+            let mut last = self.shared_last.lock().unwrap_or_else(|p| p.into_inner());
+            let d: Vec<u64> = now.iter().zip(last.iter()).map(|(n, l)| n.saturating_sub(*l)).collect();
+            self.shared_hits.inc_by(d[0]);
+            self.shared_errors.inc_by(d[1]);
+            self.shared_invalidations.get_or_create(&vec![("origin", "local".to_owned())]).inc_by(d[2]);
+            self.shared_invalidations.get_or_create(&vec![("origin", "remote".to_owned())]).inc_by(d[3]);
+            *last = now;
         }
         let mut out = String::new();
         // Writing into a String cannot fail.

@@ -249,10 +249,10 @@ async fn inject_and_forward(state: Shared, req: Request, kind: Kind) -> Result<R
     let started = Instant::now();
     let mut request = ContextRequest::for_user(user);
     request.model = body.get("model").and_then(|m| m.as_str()).filter(|m| !m.is_empty()).map(str::to_owned);
-    // Relevance mode ranks by the latest user turn (earlier turns are not
-    // weighted in here, unlike the library's typed `inject`).
-    request.query = mcp_context::latest_user_text_json(&body);
-    let (message, report) = state.ctx.build(&request).await.map_err(|e| {
+    // Relevance mode ranks by the conversation: the latest user turn, earlier
+    // ones with less weight, exactly as the library's typed `inject`.
+    let query = mcp_context::Query::from_chat_json(&body);
+    let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
         tracing::error!(user = %request.user, "context could not be built: {e}");
         ApiError::new(500, "server_error", "context_failed", format!("The context could not be built: {e}"))
     })?;
@@ -377,7 +377,10 @@ async fn readyz(State(state): State<Shared>) -> Response {
             })
         })
         .collect();
-    let degraded = servers.iter().any(|s| s["state"] != "connected");
+    // A shared cache that is down degrades, never blocks: requests go on
+    // with the local cache and MCP reads.
+    let shared = state.ctx.shared_cache_status();
+    let degraded = servers.iter().any(|s| s["state"] != "connected") || shared.as_ref().is_some_and(|s| !s.up);
     let draining = state.draining.load(Ordering::SeqCst);
     let status = if draining {
         "draining"
@@ -390,13 +393,14 @@ async fn readyz(State(state): State<Shared>) -> Response {
         "status": status,
         "policy": state.policy_path.as_ref().map_or("allow-all (no policy configured)".into(), |p| p.display().to_string()),
         "servers": servers,
+        "shared_cache": shared,
     });
     let code = if draining { axum::http::StatusCode::SERVICE_UNAVAILABLE } else { axum::http::StatusCode::OK };
     (code, axum::Json(body)).into_response()
 }
 
 async fn metrics(State(state): State<Shared>) -> Response {
-    let text = state.metrics.render(state.ctx.hub());
+    let text = state.metrics.render(state.ctx.hub(), state.ctx.shared_cache_status());
     let mut r = Response::new(Body::from(text));
     r.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -361,6 +361,14 @@ fn config_errors_give_line_and_column() {
             "c.yaml:3:15: server `a`: environment variable `EDGE_UNSET_VAR` is not set",
         ),
         ("servers:\n  bad name:\n    command: x\n", "c.yaml:2:3: invalid server name"),
+        (
+            "cache:\n  backend: memcached\n",
+            "c.yaml:2:12: cache.backend: unknown variant `memcached`, expected `memory` or `redis`",
+        ),
+        ("cache:\n  backend: redis\n  url: http://127.0.0.1:6379\n", "c.yaml:3:8: cache.url must start with redis://"),
+        ("cache:\n  backend: redis\n  url: \"${EDGE_UNSET_VAR}\"\n", "c.yaml:3:8: cache.url: environment variable"),
+        ("cache:\n  lock_ms: 0\n", "c.yaml:2:12: cache.lock_ms must be at least 1"),
+        ("cache:\n  backnd: redis\n", "c.yaml:2:3: cache: unknown field `backnd`, expected one of `backend`"),
     ] {
         let (_dir, cfg) = temp_config(yaml);
         let out = run(&cfg, &["list"]);

@@ -20,4 +20,5 @@ mod relevance;
 mod sdk;
 mod security;
 mod serve;
+mod shared;
 mod tools;

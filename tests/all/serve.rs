@@ -300,18 +300,21 @@ pub fn default_serve() -> String {
 impl Proxy {
     pub async fn start(serve: &str, upstream: &str) -> Proxy {
         let tag = tag();
+        let body = format!(
+            "servers:\n{}policy: policies/\ncontext:\n  max_tokens: 4000\nserve:\n{serve}",
+            demo_server("demo", &tag)
+        );
+        Self::start_config(&body, upstream, tag).await
+    }
+
+    /// A proxy with this whole config file (next to a copy of the demo
+    /// policies, in `policies/`).
+    pub async fn start_config(body: &str, upstream: &str, tag: String) -> Proxy {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("policies")).unwrap();
         std::fs::copy(policies_dir().join("default.yaml"), dir.path().join("policies/default.yaml")).unwrap();
         let config = dir.path().join("c.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "servers:\n{}policy: policies/\ncontext:\n  max_tokens: 4000\nserve:\n{serve}",
-                demo_server("demo", &tag)
-            ),
-        )
-        .unwrap();
+        std::fs::write(&config, body).unwrap();
         let log = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
         let mut child = tokio::process::Command::new(MCP_CONTEXT)
             .args(["serve", "--config"])
@@ -371,7 +374,7 @@ pub fn http() -> reqwest::Client {
     reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap()
 }
 
-fn chat_body(text: &str) -> Value {
+pub fn chat_body(text: &str) -> Value {
     json!({"model": "gpt-4o", "messages": [{"role": "user", "content": text}]})
 }
 

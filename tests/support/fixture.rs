@@ -74,6 +74,12 @@ pub struct Options {
     pub list_ttl_ms: Option<u64>,
     /// Read results say `ttlMs` = this (and `cacheScope: public`).
     pub read_ttl_ms: Option<u64>,
+    /// Every read waits this long before answering (so that reads from
+    /// several clients overlap).
+    pub delay_ms: u64,
+    /// Every read waits this long after taking its content and before
+    /// answering (a read whose content is old by the time it arrives).
+    pub answer_after_ms: u64,
 }
 
 /// The files of a `--dir` directory, sorted by name.
@@ -440,6 +446,23 @@ impl ServerHandler for Fixture {
     }
 
     async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        if self.opts.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.opts.delay_ms)).await;
+        }
+        let answer = self.read_now(request, cx).await;
+        if self.opts.answer_after_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.opts.answer_after_ms)).await;
+        }
+        answer
+    }
+}
+
+impl Fixture {
+    async fn read_now(
         &self,
         request: ReadResourceRequestParams,
         cx: RequestContext<RoleServer>,

@@ -90,6 +90,8 @@ fn main() {
         record_lifecycle: flag("--record-lifecycle"),
         list_ttl_ms: val("--list-ttl-ms").and_then(|v| v.parse().ok()),
         read_ttl_ms: val("--read-ttl-ms").and_then(|v| v.parse().ok()),
+        delay_ms: num("--delay-ms", 0) as u64,
+        answer_after_ms: num("--answer-after-ms", 0) as u64,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {

@@ -14,6 +14,9 @@
 //!   (single-flight).
 //! - `serve_stale: true` lets a failed re-read fall back to the last good
 //!   content, marked stale in the report.
+//! - With `cache: { backend: redis }`, a local miss looks in Redis before
+//!   reading from the server, and what this replica learns of a change is
+//!   passed on to every other replica ([`shared`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,6 +30,30 @@ use crate::error::{Error, Result};
 use crate::hub::{Hub, HubEvent};
 use crate::id::ResourceId;
 use crate::resource::Contents;
+
+#[cfg(feature = "redis")]
+mod shared;
+#[cfg(feature = "redis")]
+use shared::{Remote, SharedCache};
+
+/// Without the `redis` feature there is no shared layer: an uninhabited
+/// stand-in keeps the code paths the same.
+#[cfg(not(feature = "redis"))]
+enum SharedCache {}
+
+#[cfg(not(feature = "redis"))]
+#[derive(Debug)]
+enum Remote {}
+
+#[cfg(not(feature = "redis"))]
+impl SharedCache {
+    async fn invalidate(&self, _: &str, _: &str) {
+        match *self {}
+    }
+    async fn forget_server(&self, _: &str) {
+        match *self {}
+    }
+}
 
 /// The warm answers for a set of ids, and what they stay valid under.
 pub(crate) struct Hits {
@@ -45,6 +72,8 @@ pub(crate) struct CachedRead {
     pub(crate) contents: Arc<Contents>,
     /// The last good content, served because a re-read failed.
     pub(crate) stale: bool,
+    /// Read from the shared cache (another replica's read), not the server.
+    pub(crate) shared: bool,
 }
 
 /// The cached answers for one resource: the shared one, and `private`
@@ -79,7 +108,8 @@ struct Entry {
     epoch: u64,
 }
 
-type Flight = Shared<BoxFuture<'static, std::result::Result<Arc<Contents>, Arc<Error>>>>;
+/// A read in flight: the contents, and whether they came from the shared cache.
+type Flight = Shared<BoxFuture<'static, std::result::Result<(Arc<Contents>, bool), Arc<Error>>>>;
 
 #[derive(Default)]
 struct State {
@@ -102,6 +132,7 @@ pub(crate) struct ContentCache {
     hub: Hub,
     state: Arc<Mutex<State>>,
     settings: HashMap<String, (bool, Duration, bool)>,
+    shared: Option<Arc<SharedCache>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -120,9 +151,21 @@ impl ContentCache {
         let mut events = hub.events();
         let weak = Arc::downgrade(&state);
         let hub2 = hub.clone();
+        let (remote_tx, mut remote) = tokio::sync::mpsc::unbounded_channel::<Remote>();
+        let shared = Self::shared(config, remote_tx);
+        let shared2 = shared.clone();
         let task = tokio::spawn(async move {
             loop {
-                let ev = match events.recv().await {
+                let got = tokio::select! {
+                    ev = events.recv() => ev,
+                    Some(r) = remote.recv() => {
+                        if let Some(state) = weak.upgrade() {
+                            on_remote(&mut lock(&state), r);
+                        }
+                        continue;
+                    }
+                };
+                let ev = match got {
                     Ok(ev) => ev,
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         // We missed notifications: the only safe answer is to forget everything.
@@ -141,6 +184,9 @@ impl ContentCache {
                     HubEvent::Updated { server, uri } => {
                         let id = ResourceId::from_listing(&server, &uri);
                         invalidate(&mut s, &id);
+                        if let Some(sh) = shared2.clone() {
+                            tokio::spawn(async move { sh.invalidate(&server, &uri).await });
+                        }
                     }
                     // Entries and subscriptions of the old connection are already
                     // void by their epoch; this just frees the memory.
@@ -156,6 +202,9 @@ impl ContentCache {
                         s.entries.retain(|_, slot| !slot.is_empty());
                         s.version += 1;
                         s.subscribed.retain(|id, e| id.server != server || *e == epoch);
+                        if let Some(sh) = shared2.clone() {
+                            tokio::spawn(async move { sh.forget_server(&server).await });
+                        }
                     }
                     HubEvent::ListChanged { server } => {
                         let listed: std::collections::HashSet<String> =
@@ -169,12 +218,39 @@ impl ContentCache {
                         for id in gone {
                             invalidate(&mut s, &id);
                             s.subscribed.remove(&id);
+                            if let Some(sh) = shared2.clone() {
+                                tokio::spawn(async move { sh.invalidate(&id.server, &id.uri).await });
+                            }
                         }
                     }
                 }
             }
         });
-        Self { hub, state, settings, task: Some(task) }
+        Self { hub, state, settings, shared, task: Some(task) }
+    }
+
+    /// The shared layer, when the config asks for one (and this build has it).
+    #[cfg(feature = "redis")]
+    fn shared(config: &Config, remote: tokio::sync::mpsc::UnboundedSender<Remote>) -> Option<Arc<SharedCache>> {
+        if config.cache.backend != crate::config::CacheBackend::Redis {
+            return None;
+        }
+        SharedCache::start(config, remote)
+            .inspect_err(|e| tracing::error!(target: "mcp_context::cache", "shared cache not used: {e}"))
+            .ok()
+    }
+
+    #[cfg(not(feature = "redis"))]
+    fn shared(_: &Config, _: tokio::sync::mpsc::UnboundedSender<Remote>) -> Option<Arc<SharedCache>> {
+        None
+    }
+
+    /// The shared cache's state (`None` with the memory backend).
+    pub(crate) fn shared_status(&self) -> Option<crate::report::SharedCacheStatus> {
+        #[cfg(feature = "redis")]
+        return self.shared.as_ref().map(|s| s.status());
+        #[cfg(not(feature = "redis"))]
+        return self.shared.as_ref().map(|s| match **s {});
     }
 
     /// Number of cached entries (shared and private).
@@ -204,7 +280,7 @@ impl ContentCache {
                 if let Some(t) = e.expires {
                     expires = Some(expires.map_or(t, |x| x.min(t)));
                 }
-                Some(CachedRead { contents: e.contents.clone(), stale: false })
+                Some(CachedRead { contents: e.contents.clone(), stale: false, shared: false })
             })
             .collect();
         Hits { reads, version: s.version, expires }
@@ -226,7 +302,7 @@ impl ContentCache {
             if enabled
                 && let Some(e) = slot.and_then(|slot| slot.for_user(user)).filter(|e| self.fresh(e, &id.server, now))
             {
-                return Ok(CachedRead { contents: e.contents.clone(), stale: false });
+                return Ok(CachedRead { contents: e.contents.clone(), stale: false, shared: false });
             }
             let stale =
                 if serve_stale { slot.and_then(|slot| slot.for_user(user)).map(|e| e.contents.clone()) } else { None };
@@ -242,18 +318,18 @@ impl ContentCache {
         };
         // A failed read serves the last good content where allowed.
         let or_stale = |e: Error| match stale_candidate {
-            Some(contents) => Ok(CachedRead { contents, stale: true }),
+            Some(contents) => Ok(CachedRead { contents, stale: true, shared: false }),
             None => Err(e),
         };
         match flight.await {
             // A private answer is its initiator's only: anyone else who
             // joined the flight reads for themselves (not cached for them
             // here; their next request caches its own).
-            Ok(c) if c.private && initiator != user => match self.hub.read(id).await {
-                Ok(own) => Ok(CachedRead { contents: Arc::new(own), stale: false }),
+            Ok((c, _)) if c.private && initiator != user => match self.hub.read(id).await {
+                Ok(own) => Ok(CachedRead { contents: Arc::new(own), stale: false, shared: false }),
                 Err(e) => or_stale(e),
             },
-            Ok(c) => Ok(CachedRead { contents: c, stale: false }),
+            Ok((c, shared)) => Ok(CachedRead { contents: c, stale: false, shared }),
             Err(e) => or_stale(e.duplicate()),
         }
     }
@@ -275,8 +351,12 @@ impl ContentCache {
         let generation = s.generation.get(&id).copied().unwrap_or(0);
         let hub = self.hub.clone();
         let state = self.state.clone();
+        let shared = if enabled { self.shared.clone() } else { None };
         async move {
-            let result = hub.read(&id).await;
+            let (result, remaining) = match &shared {
+                None => (hub.read(&id).await, None),
+                Some(sh) => read_shared(sh, &hub, &id, &user, ttl).await,
+            };
             let mut s = lock(&state);
             s.inflight.remove(&id);
             let contents = Arc::new(result.map_err(Arc::new)?);
@@ -289,6 +369,11 @@ impl ContentCache {
             let subscribe = cacheable && !subscribed_now && connection.subscribe;
             if cacheable {
                 let life = hint_ttl.or(if subscribed_now || subscribe { None } else { Some(ttl) });
+                // A copy of a shared entry never outlives it.
+                let life = match (life, remaining) {
+                    (Some(l), Some(r)) => Some(l.min(r)),
+                    (l, _) => l,
+                };
                 let entry = Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l), epoch };
                 s.version += 1;
                 let slot = s.entries.entry(id.clone()).or_default();
@@ -312,10 +397,61 @@ impl ContentCache {
                     }
                 });
             }
-            Ok(contents)
+            Ok((contents, remaining.is_some()))
         }
         .boxed()
         .shared()
+    }
+}
+
+/// A read through the shared layer. What is stored there lives as long as
+/// it would here, except that entries kept by a subscription here get the
+/// shared backstop TTL (`cache.ttl_ms`) there: another replica that copies
+/// one cannot know which changes it missed before it subscribed itself.
+#[cfg(feature = "redis")]
+async fn read_shared(
+    sh: &Arc<SharedCache>,
+    hub: &Hub,
+    id: &ResourceId,
+    user: &str,
+    ttl: Duration,
+) -> (Result<Contents>, Option<Duration>) {
+    let notifying = hub.connection(&id.server).subscribe;
+    let backstop = sh.backstop();
+    let life = |c: &Contents| match c.ttl_ms {
+        Some(0) => None,
+        Some(ms) => Some(Duration::from_millis(ms)),
+        None => Some(if notifying { backstop } else { ttl }),
+    };
+    let r = sh.read_through(&id.server, &id.uri, user, hub.read(id), life).await;
+    (r.result, r.remaining)
+}
+
+#[cfg(not(feature = "redis"))]
+async fn read_shared(
+    sh: &Arc<SharedCache>,
+    _: &Hub,
+    _: &ResourceId,
+    _: &str,
+    _: Duration,
+) -> (Result<Contents>, Option<Duration>) {
+    match **sh {}
+}
+
+/// What another replica told us.
+fn on_remote(s: &mut State, r: Remote) {
+    #[cfg(feature = "redis")]
+    match r {
+        Remote::Invalidate { server, uri } => invalidate(s, &ResourceId::from_listing(&server, &uri)),
+        Remote::Resync => {
+            s.entries.clear();
+            bump_all(s);
+        }
+    }
+    #[cfg(not(feature = "redis"))]
+    {
+        let _ = s;
+        match r {}
     }
 }
 

@@ -1,0 +1,489 @@
+//! The shared (Redis) content cache across replicas: real `mcp-context
+//! serve` processes over one real Redis and one MCP server (the fixture over
+//! Streamable HTTP, counting the reads it serves), with a recording upstream.
+//! Assertions are on what reached the upstream, on the MCP server's read
+//! count and on what Redis holds.
+//!
+//! Redis: `$MCP_TEST_REDIS_URL`, else 127.0.0.1:6379 (the project's machines
+//! run one). Each test uses its own key prefix and deletes its keys. The
+//! test that kills Redis starts its own `redis-server` on a free port.
+
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::*;
+use crate::serve::{Proxy, Upstream, chat_body, default_serve, http};
+
+fn redis_url() -> String {
+    std::env::var("MCP_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+/// A connection to the test Redis, or a skip (a failure under CI=true).
+fn redis_or_skip(test: &str) -> Option<redis::Connection> {
+    let url = redis_url();
+    match redis::Client::open(url.as_str()).and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2))) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            skip(test, &format!("no Redis at {url}: {e}"));
+            None
+        }
+    }
+}
+
+/// This run's key prefix; its keys are deleted when it is dropped.
+struct Prefix {
+    prefix: String,
+    url: String,
+}
+
+impl Prefix {
+    fn new(url: &str) -> Self {
+        Self { prefix: format!("mcp-context-test:{}:", tag()), url: url.to_owned() }
+    }
+
+    fn keys(&self, conn: &mut redis::Connection) -> Vec<String> {
+        redis::cmd("KEYS").arg(format!("{}*", self.prefix)).query(conn).unwrap_or_default()
+    }
+}
+
+impl Drop for Prefix {
+    fn drop(&mut self) {
+        if let Ok(mut c) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection()) {
+            let keys = self.keys(&mut c);
+            if !keys.is_empty() {
+                let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut c);
+            }
+        }
+    }
+}
+
+fn config(mcp_url: &str, redis_url: &str, prefix: &str) -> String {
+    format!(
+        "servers:\n  kb:\n    url: {mcp_url}\ncontext:\n  max_tokens: 4000\n\
+         cache:\n  backend: redis\n  url: {redis_url}\n  key_prefix: \"{prefix}\"\n  timeout_ms: 300\n\
+         serve:\n{}",
+        default_serve()
+    )
+}
+
+async fn start(n: usize, mcp_url: &str, redis_url: &str, prefix: &str, upstream: &str) -> Vec<Proxy> {
+    let body = config(mcp_url, redis_url, prefix);
+    futures::future::join_all((0..n).map(|_| Proxy::start_config(&body, upstream, tag()))).await
+}
+
+/// One chat request as `user` through `proxy`; returns the system message
+/// the upstream received with it.
+async fn ask(proxy: &Proxy, up: &Upstream, user: &str, text: &str) -> String {
+    let r = proxy.post("/v1/chat/completions", Some(&format!("key-{user}")), &chat_body(text)).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let seen = up.seen();
+    let req = seen.iter().rev().find(|s| s.body["messages"].to_string().contains(text)).expect("the upstream got it");
+    let first = &req.body["messages"][0];
+    assert_eq!(first["role"], "system", "{}", req.body);
+    first["content"].as_str().unwrap().to_owned()
+}
+
+async fn metric(proxy: &Proxy, name: &str) -> f64 {
+    let text = http().get(format!("{}/metrics", proxy.url)).send().await.unwrap().text().await.unwrap();
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+async fn ready(proxy: &Proxy) -> Value {
+    http().get(format!("{}/readyz", proxy.url)).send().await.unwrap().json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_read_each_change_once_and_a_new_replica_starts_warm() {
+    let Some(mut redis) = redis_or_skip("replicas_read_each_change_once_and_a_new_replica_starts_warm") else { return };
+    let url = redis_url();
+    let prefix = Prefix::new(&url);
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live.txt");
+    std::fs::write(&live, "version one of the live page").unwrap();
+    let (mcp, fixture, _stop) = http_fixture(Options {
+        n: 0,
+        subscribe: true,
+        live: Some(live.to_string_lossy().into_owned()),
+        delay_ms: 300,
+        ..Options::default()
+    })
+    .await;
+    let up = Upstream::start().await;
+    let replicas = start(3, &mcp, &url, &prefix.prefix, &up.base).await;
+
+    // A cold resource wanted by all three at once is read once.
+    let first = futures::future::join_all(replicas.iter().enumerate().map(|(i, p)| {
+        let up = &up;
+        async move { ask(p, up, "alice", &format!("first question {i}")).await }
+    }))
+    .await;
+    for m in &first {
+        assert!(m.contains("version one of the live page"), "{m}");
+    }
+    assert_eq!(fixture.reads.load(Ordering::SeqCst), 1, "one read for three replicas");
+
+    // A change pushed by the server: every replica drops its copy; the next
+    // requests on all three carry the new content, for one more read.
+    std::fs::write(&live, "version two of the live page").unwrap();
+    for p in &replicas {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while metric(p, "mcp_context_shared_cache_invalidations_total{origin=\"local\"}").await < 1.0 {
+            assert!(tokio::time::Instant::now() < deadline, "replica {} never saw the change: {}", p.url, p.stderr());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let second = futures::future::join_all(replicas.iter().enumerate().map(|(i, p)| {
+        let up = &up;
+        async move { ask(p, up, "alice", &format!("second question {i}")).await }
+    }))
+    .await;
+    for m in &second {
+        assert!(m.contains("version two of the live page") && !m.contains("version one"), "{m}");
+    }
+    assert_eq!(fixture.reads.load(Ordering::SeqCst), 2, "one read for the change, not one per replica");
+
+    // A fourth replica serves its first request without any MCP read.
+    let fourth = start(1, &mcp, &url, &prefix.prefix, &up.base).await;
+    let m = ask(&fourth[0], &up, "alice", "a question for the new replica").await;
+    assert!(m.contains("version two of the live page"), "{m}");
+    assert_eq!(fixture.reads.load(Ordering::SeqCst), 2, "the new replica started warm");
+    assert!(metric(&fourth[0], "mcp_context_shared_cache_hits_total").await >= 1.0);
+    assert_eq!(metric(&fourth[0], "mcp_context_shared_cache_up").await, 1.0);
+
+    // What Redis holds is under this run's prefix only.
+    assert!(prefix.keys(&mut redis).iter().any(|k| k.starts_with(&format!("{}c:kb.", prefix.prefix))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_private_answer_is_never_served_to_another_user_on_any_replica() {
+    let Some(mut redis) = redis_or_skip("a_private_answer_is_never_served_to_another_user_on_any_replica") else {
+        return;
+    };
+    let url = redis_url();
+    let prefix = Prefix::new(&url);
+    // One document whose read results say `cacheScope: private`.
+    let (mcp, fixture, _stop) = http_fixture(Options { n: 1, size: 64, private: true, ..Options::default() }).await;
+    let up = Upstream::start().await;
+    let replicas = start(2, &mcp, &url, &prefix.prefix, &up.base).await;
+    let reads = || fixture.reads.load(Ordering::SeqCst);
+
+    let alice = ask(&replicas[0], &up, "alice", "alice asks on replica one").await;
+    assert!(alice.contains("Document 0."), "{alice}");
+    assert_eq!(reads(), 1);
+    // Bob, on the other replica: alice's private answer is not his.
+    ask(&replicas[1], &up, "bob", "bob asks on replica two").await;
+    assert_eq!(reads(), 2, "bob's request read for bob");
+    // Each user's own answer is shared across replicas.
+    ask(&replicas[1], &up, "alice", "alice asks on replica two").await;
+    ask(&replicas[0], &up, "bob", "bob asks on replica one").await;
+    assert_eq!(reads(), 2, "each user's private answer came from Redis");
+
+    // In Redis: one field per user, none public.
+    let data: Vec<String> =
+        prefix.keys(&mut redis).into_iter().filter(|k| k.starts_with(&format!("{}c:", prefix.prefix))).collect();
+    assert_eq!(data.len(), 1, "{data:?}");
+    let fields: Vec<String> = redis::cmd("HKEYS").arg(&data[0]).query(&mut redis).unwrap();
+    assert_eq!(fields.len(), 2, "{fields:?}");
+    assert!(fields.iter().all(|f| f.starts_with("u:")), "no public entry: {fields:?}");
+}
+
+/// A Redis of the test's own on a free port, so it can be killed.
+struct OwnRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl OwnRedis {
+    fn start(port: u16) -> Option<OwnRedis> {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let url = format!("redis://127.0.0.1:{port}/0");
+        for _ in 0..200 {
+            if redis::Client::open(url.as_str()).and_then(|c| c.get_connection()).is_ok() {
+                return Some(OwnRedis { child, port });
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        None
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_redis_loses_no_request_and_it_is_used_again_when_back() {
+    let test = "killing_redis_loses_no_request_and_it_is_used_again_when_back";
+    let port = free_port();
+    let Some(own) = OwnRedis::start(port) else {
+        skip(test, "redis-server could not be started (install Debian's redis-server)");
+        return;
+    };
+    let url = own.url();
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live.txt");
+    std::fs::write(&live, "the live page").unwrap();
+    let (mcp, _fixture, _stop) =
+        http_fixture(Options { n: 3, size: 64, live: Some(live.to_string_lossy().into_owned()), ..Options::default() })
+            .await;
+    let up = Upstream::start().await;
+    let replicas = start(2, &mcp, &url, "mcp-context-test:kill:", &up.base).await;
+    for p in &replicas {
+        ask(p, &up, "alice", &format!("warm-up on {}", p.url)).await;
+        assert_eq!(ready(p).await["shared_cache"]["up"], true);
+    }
+
+    // Requests keep coming on both replicas while Redis dies.
+    let mut own = Some(own);
+    for i in 0..40 {
+        if i == 10 {
+            drop(own.take());
+        }
+        let p = &replicas[i % 2];
+        let m = ask(p, &up, if i % 3 == 0 { "bob" } else { "alice" }, &format!("question {i} while Redis dies")).await;
+        assert!(m.contains("the live page") && m.contains("Document 0."), "request {i}: {m}");
+    }
+    for p in &replicas {
+        let r = ready(p).await;
+        assert_eq!(r["shared_cache"]["up"], false, "{r}");
+        assert_eq!(r["status"], "degraded", "{r}");
+        let error = r["shared_cache"]["error"].as_str().unwrap_or_default().to_owned();
+        eprintln!("readyz while Redis is down: {r}");
+        assert!(error.contains(&format!("127.0.0.1:{port}")) && !error.contains("RedisError"), "{error}");
+        assert_eq!(metric(p, "mcp_context_shared_cache_up").await, 0.0);
+    }
+
+    // Back on the same port: used again, and each replica, whose event
+    // subscription was broken meanwhile, dropped its local entries (it may
+    // have missed invalidations): its next request reads again.
+    let misses: Vec<f64> =
+        futures::future::join_all(replicas.iter().map(|p| metric(p, "mcp_context_cache_misses_total"))).await;
+    let _back = OwnRedis::start(port).expect("redis-server restarts");
+    let mut n = 0;
+    for p in &replicas {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            n += 1;
+            ask(p, &up, "carol", &format!("is it back yet, try {n}")).await;
+            if ready(p).await["shared_cache"]["up"] == true {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{} never saw Redis back: {}", p.url, p.stderr());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for (p, before) in replicas.iter().zip(misses) {
+        ask(p, &up, "alice", &format!("after the resync on {}", p.url)).await;
+        assert!(metric(p, "mcp_context_cache_misses_total").await > before, "{} kept its local entries", p.url);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_that_began_before_a_change_never_stores_the_old_content() {
+    let Some(_redis) = redis_or_skip("a_read_that_began_before_a_change_never_stores_the_old_content") else { return };
+    let url = redis_url();
+    let prefix = Prefix::new(&url);
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live.txt");
+    std::fs::write(&live, "live version one").unwrap();
+    // Every read takes its content, then answers 800 ms later.
+    let (mcp, _fixture, _stop) = http_fixture(Options {
+        n: 0,
+        subscribe: true,
+        live: Some(live.to_string_lossy().into_owned()),
+        answer_after_ms: 800,
+        ..Options::default()
+    })
+    .await;
+    let up = Upstream::start().await;
+    let r = start(2, &mcp, &url, &prefix.prefix, &up.base).await;
+    assert!(ask(&r[0], &up, "alice", "warm-up on one").await.contains("live version one"));
+    assert!(ask(&r[1], &up, "alice", "warm-up on two").await.contains("live version one"));
+    let local = "mcp_context_shared_cache_invalidations_total{origin=\"local\"}";
+    let seen = |n: f64| {
+        let r = &r;
+        async move {
+            for p in r {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                while metric(p, local).await < n {
+                    assert!(tokio::time::Instant::now() < deadline, "{} never saw change {n}", p.url);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    };
+
+    std::fs::write(&live, "live version two").unwrap();
+    seen(1.0).await;
+    // Replica one re-reads: the server takes version two, and while its
+    // answer is on the way the content changes again.
+    let slow = ask(&r[0], &up, "alice", "re-read on one");
+    let change = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(&live, "live version three").unwrap();
+        seen(2.0).await;
+    };
+    let (old, ()) = tokio::join!(slow, change);
+    assert!(old.contains("live version two"), "{old}");
+    // The late answer was not stored: replica two reads the new content.
+    let fresh = ask(&r[1], &up, "alice", "after the second change on two").await;
+    assert!(fresh.contains("live version three"), "{fresh}");
+    let again = ask(&r[0], &up, "alice", "after the second change on one").await;
+    assert!(again.contains("live version three"), "{again}");
+}
+
+#[test]
+fn an_unreachable_redis_is_reported_and_the_context_still_built() {
+    let t = tag();
+    let port = free_port();
+    let (_dir, cfg) = temp_config(&format!(
+        "servers:\n{}cache:\n  backend: redis\n  url: redis://:s3cret-pw@127.0.0.1:{port}/0\n",
+        fixture_server("fx", &t, &["--n", "2", "--size", "32"])
+    ));
+    let out = std::process::Command::new(MCP_CONTEXT)
+        .args(["preview", "--json", "--user", "alice", "--config"])
+        .arg(&cfg)
+        .env("MCP_TEST_TAG", &t)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("s3cret-pw"), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["message"]["content"].as_str().unwrap().contains("Document 1."), "{v}");
+    let shared = &v["shared_cache"];
+    assert_eq!(shared["up"], false, "{v}");
+    let error = shared["error"].as_str().unwrap();
+    assert!(error.contains(&format!("127.0.0.1:{port}")) && error.contains("connection refused"), "{error}");
+    assert!(!error.contains("s3cret-pw") && !error.contains("RedisError"), "{error}");
+}
+
+/// A Redis that speaks only TLS, with a certificate for 127.0.0.1 signed by
+/// a private CA (`ca.pem`), both made by `openssl`.
+fn tls_redis(dir: &std::path::Path) -> Result<(std::process::Child, u16), String> {
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+        &["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "key.pem", "-out", "req.csr"],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "req.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "cert.pem",
+            "-extfile",
+            "ext.cnf",
+        ],
+    ];
+    for args in steps {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .map_err(|e| format!("openssl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("openssl: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+    }
+    let port = free_port();
+    let child = std::process::Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args(["--tls-auth-clients", "no", "--tls-cert-file"])
+        .arg(dir.join("cert.pem"))
+        .arg("--tls-key-file")
+        .arg(dir.join("key.pem"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("redis-server: {e}"))?;
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok((child, port));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Err("redis-server with TLS did not start".into())
+}
+
+#[test]
+fn rediss_with_a_private_ca_is_used_and_an_untrusted_certificate_is_named() {
+    let test = "rediss_with_a_private_ca_is_used_and_an_untrusted_certificate_is_named";
+    let dir = tempfile::tempdir().unwrap();
+    let (mut redis, port) = match tls_redis(dir.path()) {
+        Ok(r) => r,
+        Err(e) => return skip(test, &e),
+    };
+    let t = tag();
+    let preview = |ca: bool| {
+        let ca = if ca { format!("  ca_file: {}\n", dir.path().join("ca.pem").display()) } else { String::new() };
+        let (_d, cfg) = temp_config(&format!(
+            "servers:\n{}cache:\n  backend: redis\n  url: rediss://127.0.0.1:{port}/0\n  key_prefix: \"mcp-context-test:{t}:\"\n  timeout_ms: 2000\n{ca}",
+            fixture_server("fx", &t, &["--n", "3", "--size", "32"])
+        ));
+        let out = std::process::Command::new(MCP_CONTEXT)
+            .args(["preview", "--json", "--user", "alice", "--config"])
+            .arg(&cfg)
+            .env("MCP_TEST_TAG", &t)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    // Trusting the server's certificate: the first run fills Redis over
+    // TLS, the second is answered from it.
+    let first = preview(true);
+    assert_eq!(first["shared_cache"]["hits"], 0, "{first}");
+    let second = preview(true);
+    assert_eq!(second["shared_cache"]["hits"], 3, "{second}");
+    assert!(second["message"]["content"].as_str().unwrap().contains("Document 2."));
+    // Not trusting it: the context is still built, and the cause is named.
+    let untrusted = preview(false);
+    assert_eq!(untrusted["shared_cache"]["up"], false, "{untrusted}");
+    let error = untrusted["shared_cache"]["error"].as_str().unwrap().to_lowercase();
+    assert!(error.contains("certificate"), "{error}");
+    assert!(untrusted["message"]["content"].as_str().unwrap().contains("Document 2."));
+    let _ = redis.kill();
+    let _ = redis.wait();
+}
