@@ -41,11 +41,14 @@ pub async fn content(ctx: &McpContext, user: &str) -> String {
     ctx.build(&ContextRequest::for_user(user)).await.unwrap().0.map(|m| m.content.to_string()).unwrap_or_default()
 }
 
+/// The `servers:` entry of a server under test, for extra arguments.
+pub type ServerYaml = Box<dyn Fn(&[&str]) -> String>;
+
 /// What one server under test serves, for [`exercise`]: `s:` ids, a log of
 /// the reads it served (one URI a line), and the file behind its live resource.
 pub struct Sut {
     /// The `servers:` entry, named `s`, for the given extra server arguments.
-    pub yaml: Box<dyn Fn(&[&str]) -> String>,
+    pub yaml: ServerYaml,
     pub log: PathBuf,
     pub live: PathBuf,
     /// Arguments that make reads say `ttlMs: 300, cacheScope: public`.
