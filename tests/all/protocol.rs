@@ -327,3 +327,33 @@ async fn list_ttl_re_lists_a_server_without_list_changed() {
         hub.close().await;
     }
 }
+
+/// Streamable HTTP on 2026-07-28 (rmcp's server, stateless): discovery,
+/// listing, reads, and a change pushed on `subscriptions/listen` (a
+/// long-lived POST answered as an event stream) reaching the next injection.
+#[tokio::test]
+async fn streamable_http_on_2026_07_28_with_listen() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live.txt");
+    std::fs::write(&live, "version one").unwrap();
+    let opts = crate::handler::Options {
+        n: 2,
+        subscribe: true,
+        live: Some(live.to_string_lossy().into_owned()),
+        ..Default::default()
+    };
+    let (url, fixture, stop) = http_fixture(opts).await;
+    let yaml = format!("servers:\n  web:\n    url: {url}\n    protocol: \"2026-07-28\"\n");
+    let ctx = McpContext::from_config(&config(&yaml)).await.unwrap();
+    assert_eq!(ctx.hub().status()[0].protocol.as_deref(), Some("2026-07-28"), "{:?}", ctx.hub().failures());
+    assert!(content(&ctx, "u").await.contains("version one"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reads = || fixture.reads.load(std::sync::atomic::Ordering::SeqCst);
+    let cold = reads();
+    assert!(content(&ctx, "u").await.contains("version one"));
+    assert_eq!(reads(), cold, "a warm injection sent a read");
+    std::fs::write(&live, "version two").unwrap();
+    assert!(eventually(async || content(&ctx, "u").await.contains("version two")).await, "push not heard over HTTP");
+    ctx.close().await;
+    stop.cancel();
+}
