@@ -4,7 +4,7 @@
 //! ```text
 //! cargo build --release --example bench_server --example bench_gather
 //! target/release/examples/bench_gather [--n 1000] [--size 2048] [--rounds 20] [--server-cmd CMD]
-//!     [--current-thread] [--skip-tokenizer]
+//!     [--current-thread] [--skip-tokenizer] [--protocol 2026-07-28|2025-11-25]
 //! target/release/examples/bench_gather --sweep 250,500,1000,2000,4000 [--size 2048] [--current-thread]
 //! target/release/examples/bench_gather --relevance [--n 1000] [--size 2048] [--rounds 200]
 //! valgrind --tool=callgrind target/release/examples/bench_gather --cold-callgrind [--n 1000] [--size 2048]
@@ -15,6 +15,9 @@
 //! time (ranked and packed again from the chunk index), and the first,
 //! cold, build (read, chunk, index, rank).
 //! The default server is the Rust `bench_server` example next to this binary.
+//! `--protocol P` makes it serve revision P and pins the client to P;
+//! without it the server speaks 2025-11-25 and the client `auto` (the probe
+//! then costs one round trip).
 //! The runtime is tokio's multi-thread one unless `--current-thread` is given.
 //!
 //! Memory is peak RSS (`VmHWM`) after the cold gather, over a base taken in
@@ -291,11 +294,17 @@ async fn run(args: Vec<String>) {
         let me = std::env::current_exe().expect("current exe");
         me.with_file_name("bench_server").to_string_lossy().into_owned()
     });
+    let protocol = flag(&args, "--protocol");
     let config_for = |n: usize| {
         let mut parts: Vec<String> = server.split_whitespace().map(str::to_owned).collect();
         parts.extend(["--n".into(), n.to_string(), "--size".into(), size.to_string()]);
+        let mut bench = serde_json::json!({"command": parts[0], "args": &parts[1..], "timeout_ms": 60000});
+        if let Some(p) = &protocol {
+            bench["args"].as_array_mut().expect("args").extend([serde_json::json!("--protocol"), serde_json::json!(p)]);
+            bench["protocol"] = serde_json::json!(p);
+        }
         let yaml = serde_json::json!({
-            "servers": {"bench": {"command": parts[0], "args": &parts[1..], "timeout_ms": 60000}},
+            "servers": {"bench": bench},
             "context": {"model": "gpt-4o", "max_tokens": 100_000_000u64, "max_resource_bytes": 1u64 << 30}
         })
         .to_string();

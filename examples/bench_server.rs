@@ -12,7 +12,15 @@
 //! resources/templates/list) rather than through an SDK, so the server is
 //! never what a client benchmark measures.
 //!
-//! `cargo run --release --example bench_server -- --n 1000`
+//! `--protocol 2026-07-28` serves that revision: `server/discover` is
+//! answered, and every list and read result carries `resultType: "complete"`
+//! and the cache hints `ttlMs: 30000, cacheScope: "public"` (the lifetime
+//! the client's default `cache_ttl_ms` gives a 2025 answer, so both
+//! revisions cache alike). The default, `2025-11-25`, answers
+//! `server/discover` with "method not found", as servers built before
+//! 2026-07-28 do.
+//!
+//! `cargo run --release --example bench_server -- --n 1000 [--protocol 2026-07-28]`
 
 #[path = "bench/workload.rs"]
 mod workload;
@@ -36,9 +44,20 @@ fn arg(args: &[String], name: &str, env: &str, default: u64) -> u64 {
 struct Workload {
     pages: HashMap<Option<String>, String>,
     reads: HashMap<String, String>,
+    /// Serve 2026-07-28.
+    modern: bool,
 }
 
-fn build(n: usize, size: usize, page_size: usize, seed: u64) -> Workload {
+/// The 2026-07-28 fields of every list and read result.
+const MODERN_FIELDS: &str = r#""resultType":"complete","ttlMs":30000,"cacheScope":"public","#;
+
+/// Inserts [`MODERN_FIELDS`] at the start of a serialised result object.
+fn modernise(result: String) -> String {
+    format!("{{{MODERN_FIELDS}{}", &result[1..])
+}
+
+fn build(n: usize, size: usize, page_size: usize, seed: u64, modern: bool) -> Workload {
+    let finish = |s: String| if modern { modernise(s) } else { s };
     let specs = workload::build(n, size, page_size, seed);
     let mut reads = HashMap::with_capacity(n);
     let resources: Vec<Value> = specs
@@ -49,7 +68,7 @@ fn build(n: usize, size: usize, page_size: usize, seed: u64) -> Workload {
                 (None, Some(b)) => json!({"uri": s.uri, "mimeType": s.mime, "blob": b}),
                 (None, None) => json!({"uri": s.uri, "text": ""}),
             };
-            reads.insert(s.uri.clone(), json!({"contents": [content]}).to_string());
+            reads.insert(s.uri.clone(), finish(json!({"contents": [content]}).to_string()));
             json!({
                 "uri": s.uri, "name": s.name, "title": s.title, "description": s.description,
                 "mimeType": s.mime, "size": s.size,
@@ -63,9 +82,9 @@ fn build(n: usize, size: usize, page_size: usize, seed: u64) -> Workload {
         if let Some(next) = next {
             page["nextCursor"] = json!(next);
         }
-        pages.insert(cursor, page.to_string());
+        pages.insert(cursor, finish(page.to_string()));
     }
-    Workload { pages, reads }
+    Workload { pages, reads, modern }
 }
 
 fn respond(out: &mut impl Write, id: &Value, result: &str) -> std::io::Result<()> {
@@ -100,6 +119,16 @@ fn serve(w: &Workload) -> std::io::Result<()> {
                 });
                 respond(&mut out, id, &result.to_string())?;
             }
+            "server/discover" if w.modern => {
+                let result = json!({
+                    "resultType": "complete",
+                    "supportedVersions": ["2026-07-28"],
+                    "capabilities": {"resources": {}},
+                    "ttlMs": 0,
+                    "cacheScope": "public",
+                });
+                respond(&mut out, id, &result.to_string())?;
+            }
             "ping" => respond(&mut out, id, "{}")?,
             "resources/list" => {
                 let cursor = params["cursor"].as_str().map(str::to_owned);
@@ -108,12 +137,21 @@ fn serve(w: &Workload) -> std::io::Result<()> {
                     None => error(&mut out, id, -32602, &format!("invalid cursor: {cursor:?}"))?,
                 }
             }
+            "resources/templates/list" if w.modern => {
+                respond(&mut out, id, &modernise("{\"resourceTemplates\":[]}".into()))?
+            }
             "resources/templates/list" => respond(&mut out, id, "{\"resourceTemplates\":[]}")?,
             "resources/read" => {
                 let uri = params["uri"].as_str().unwrap_or("");
                 match w.reads.get(uri) {
                     Some(result) => respond(&mut out, id, result)?,
-                    None => error(&mut out, id, -32002, &format!("Resource not found: {uri}"))?,
+                    // Not found: -32602 on 2026-07-28, -32002 before.
+                    None => error(
+                        &mut out,
+                        id,
+                        if w.modern { -32602 } else { -32002 },
+                        &format!("Resource not found: {uri}"),
+                    )?,
                 }
             }
             other => error(&mut out, id, -32601, &format!("method not found: {other}"))?,
@@ -130,7 +168,15 @@ fn main() {
     let page_size = arg(&args, "--page-size", "BENCH_PAGE_SIZE", workload::DEFAULT_PAGE_SIZE as u64).max(1) as usize;
     let seed = arg(&args, "--seed", "BENCH_SEED", workload::DEFAULT_SEED);
     let started = std::time::Instant::now();
-    let w = build(n, size, page_size, seed);
+    let modern = match args.iter().position(|a| a == "--protocol").and_then(|i| args.get(i + 1)).map(String::as_str) {
+        None | Some("2025-11-25") => false,
+        Some("2026-07-28") => true,
+        Some(other) => {
+            eprintln!("bench_server: --protocol must be 2026-07-28 or 2025-11-25, not {other}");
+            std::process::exit(2);
+        }
+    };
+    let w = build(n, size, page_size, seed, modern);
     if args.iter().any(|a| a == "--verbose") {
         eprintln!("[bench_server] n={n} size={size} page_size={page_size} seed={seed} build={:?}", started.elapsed());
     }

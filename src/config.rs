@@ -340,6 +340,7 @@ struct RawServer {
     cache_ttl_ms: Option<u64>,
     #[serde(default)]
     serve_stale: bool,
+    protocol: Option<String>,
 }
 
 impl Named for RawServer {
@@ -499,6 +500,47 @@ impl fmt::Debug for Transport {
     }
 }
 
+/// Which MCP revision to speak with one server (`protocol:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum Protocol {
+    /// Probe with `server/discover` (2026-07-28); a server that answers it
+    /// with an error is legacy and gets the `initialize` handshake
+    /// (2025-11-25) at once, on the same connection.
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// Only 2026-07-28: `server/discover`, no handshake, `subscriptions/listen`.
+    #[serde(rename = "2026-07-28")]
+    V2026_07_28,
+    /// Only 2025-11-25: the `initialize` handshake and `resources/subscribe`.
+    #[serde(rename = "2025-11-25")]
+    V2025_11_25,
+}
+
+impl Protocol {
+    /// The values `protocol:` accepts, as written in a config.
+    pub const NAMES: &'static [&'static str] = &["auto", "2026-07-28", "2025-11-25"];
+
+    fn parse(s: &str) -> Option<Protocol> {
+        match s {
+            "auto" => Some(Protocol::Auto),
+            "2026-07-28" => Some(Protocol::V2026_07_28),
+            "2025-11-25" => Some(Protocol::V2025_11_25),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Auto => "auto",
+            Protocol::V2026_07_28 => "2026-07-28",
+            Protocol::V2025_11_25 => "2025-11-25",
+        })
+    }
+}
+
 /// One configured server.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -516,6 +558,8 @@ pub struct ServerConfig {
     pub cache_ttl: Duration,
     /// Serve the last good content when a re-read fails.
     pub serve_stale: bool,
+    /// The MCP revision to speak (`auto` by default).
+    pub protocol: Protocol,
     /// Values expanded from `${VAR}` for this server; never shown.
     pub(crate) secrets: Secrets,
 }
@@ -742,6 +786,21 @@ impl Config {
             if reads == 0 {
                 return Err(err(at, at_col, format!("server `{name}`: max_concurrent_reads must be at least 1")));
             }
+            let protocol = match s.protocol.as_deref() {
+                None => Protocol::Auto,
+                Some(p) => Protocol::parse(p).ok_or_else(|| {
+                    // Point at the value as written.
+                    let (line, column) = match server_node.and_then(|n| n.get("protocol")) {
+                        Some(v) => (Some(v.pos.line), Some(v.pos.column)),
+                        None => (at, at_col),
+                    };
+                    err(
+                        line,
+                        column,
+                        format!("server `{name}`: protocol must be one of {} (got `{p}`)", Protocol::NAMES.join(", ")),
+                    )
+                })?,
+            };
             let mut server_secrets = std::mem::take(&mut *secrets.borrow_mut());
             server_secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
             server_secrets.dedup();
@@ -754,6 +813,7 @@ impl Config {
                 cache: s.cache.unwrap_or(true),
                 cache_ttl: Duration::from_millis(s.cache_ttl_ms.unwrap_or(DEFAULT_CACHE_TTL_MS)),
                 serve_stale: s.serve_stale,
+                protocol,
             });
         }
         let context = raw.context.unwrap_or_default();
@@ -1067,6 +1127,13 @@ mod tests {
     }
 
     #[test]
+    fn protocol_defaults_to_auto_and_pins() {
+        let c = load("servers:\n  a:\n    command: x\n  b:\n    command: x\n    protocol: 2025-11-25\n  c:\n    command: x\n    protocol: \"2026-07-28\"\n").unwrap();
+        let p: Vec<_> = c.servers.iter().map(|s| s.protocol).collect();
+        assert_eq!(p, [Protocol::Auto, Protocol::V2025_11_25, Protocol::V2026_07_28]);
+    }
+
+    #[test]
     fn claude_desktop_json_loads() {
         let c = load(r#"{"mcpServers": {"fs": {"command": "npx", "args": ["-y", "x"], "env": {}}}}"#).unwrap();
         assert_eq!(c.servers[0].name, "fs");
@@ -1084,6 +1151,11 @@ mod tests {
             ("context:\n  max_tokens: lots\n", "2:15", "invalid type"),
             ("servers:\n\t a: 1\n", ":2", ""),
             ("servers:\n  a:\n    command: x\n  a:\n    command: y\n", "", "defined twice"),
+            (
+                "servers:\n  a:\n    command: x\n    protocol: 2026\n",
+                ":4:15",
+                "protocol must be one of auto, 2026-07-28",
+            ),
         ];
         for (src, loc, needle) in cases {
             let e = load(src).unwrap_err().to_string();

@@ -64,7 +64,8 @@ pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
 pub use config::{
     CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, ENV_ALLOWLIST, KeyDigest, MessageRole, ServeSettings, ServerConfig, Transport,
+    DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, ENV_ALLOWLIST, KeyDigest, MessageRole, Protocol, ServeSettings, ServerConfig,
+    Transport,
 };
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
@@ -82,7 +83,8 @@ pub use relevance::{
 };
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 pub use report::{
-    ExcludeReason, Excluded, Included, Report, ServerFailure, SharedCacheReport, SharedCacheStatus, Timings,
+    ExcludeReason, Excluded, Included, Report, ServerFailure, ServerProtocol, SharedCacheReport, SharedCacheStatus,
+    Timings,
 };
 pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
 pub use tools::{

@@ -447,6 +447,8 @@ fn list(hub: &Hub, server: Option<&str>, json: bool) -> anyhow::Result<ExitCode>
             "resources": resources,
             "templates": hub.templates(),
             "failed_servers": hub.failures(),
+            // Per server: connected, the negotiated revision (`protocol`), counts, timings.
+            "servers": hub.status(),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&v).context("serialising the listing")?)?;
         return Ok(ExitCode::SUCCESS);

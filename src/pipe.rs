@@ -309,10 +309,20 @@ enum Line {
 }
 
 /// Decodes a `resources/read` result the common way: contents that are each
-/// plainly text or plainly a blob, and no other field. Anything else (cache
-/// hints, `_meta`, `resultType`, an odd part) is decoded by rmcp's own
-/// `ReadResourceResult`, so the outcome is the same as rmcp's, only cheaper
-/// for the usual case (rmcp's untagged `ResourceContents` buffers every part).
+/// plainly text or plainly a blob, and at most the 2026-07-28 fields every
+/// such answer carries: `resultType: "complete"`, `ttlMs` (a non-negative
+/// integer) and `cacheScope` (`public` or `private`). Those are decoded
+/// here exactly as rmcp decodes them. Anything else goes to rmcp:
+/// - a `resultType` other than `complete` (e.g. `input_required`): `None`,
+///   so the whole line takes rmcp's general path and becomes whatever rmcp
+///   makes of it, never a read result;
+/// - `_meta`, an odd `ttlMs` or `cacheScope`, an odd part: rmcp's own
+///   `ReadResourceResult`.
+///
+/// The outcome is the same as rmcp's, only cheaper for the usual case (rmcp's
+/// untagged `ResourceContents` buffers every part). The fields known here
+/// are [`READ_RESULT_FIELDS`] and [`READ_PART_FIELDS`]; a test fails if rmcp's
+/// types gain one, since the fast path would silently drop it.
 fn decode_read_result(raw: &str) -> Option<ReadResourceResult> {
     type Raw<'a> = Option<&'a serde_json::value::RawValue>;
     #[derive(Deserialize)]
@@ -340,7 +350,26 @@ fn decode_read_result(raw: &str) -> Option<ReadResourceResult> {
     }
     let full = || serde_json::from_str::<ReadResourceResult>(raw).ok();
     let Ok(plain) = serde_json::from_str::<Plain>(raw) else { return full() };
-    if plain.ttl_ms.is_some() || plain.cache_scope.is_some() || plain.result_type.is_some() || plain.meta.is_some() {
+    let result_type = match plain.result_type.map(|r| r.get()) {
+        None => None,
+        Some(r#""complete""#) => Some(rmcp::model::ResultType::COMPLETE),
+        // Not a finished read (or not understood): rmcp decides what it is.
+        Some(_) => return None,
+    };
+    let ttl_ms = match plain.ttl_ms.map(|r| r.get()) {
+        None => None,
+        Some(t) => match t.parse::<u64>() {
+            Ok(t) => Some(t),
+            Err(_) => return full(), // null, negative, fractional: rmcp's rules
+        },
+    };
+    let cache_scope = match plain.cache_scope.map(|r| r.get()) {
+        None => None,
+        Some(r#""public""#) => Some(rmcp::model::CacheScope::Public),
+        Some(r#""private""#) => Some(rmcp::model::CacheScope::Private),
+        Some(_) => return full(),
+    };
+    if plain.meta.is_some() {
         return full();
     }
     let mut contents = Vec::with_capacity(plain.contents.len());
@@ -356,9 +385,18 @@ fn decode_read_result(raw: &str) -> Option<ReadResourceResult> {
         });
     }
     let mut result = ReadResourceResult::new(contents);
-    result.result_type = None; // as absent on the wire
+    result.result_type = result_type; // as on the wire
+    result.ttl_ms = ttl_ms;
+    result.cache_scope = cache_scope;
     Some(result)
 }
+
+/// The fields of a read result [`decode_read_result`] knows.
+#[cfg(test)]
+const READ_RESULT_FIELDS: &[&str] = &["contents", "ttlMs", "cacheScope", "resultType", "_meta"];
+/// The fields of one part of a read result [`decode_read_result`] knows.
+#[cfg(test)]
+const READ_PART_FIELDS: &[&str] = &["uri", "mimeType", "text", "blob", "_meta"];
 
 /// Writes queued messages, as many as are waiting in one call. Ends when the
 /// queue closes (then stdin is dropped, which the server sees as EOF) or
@@ -475,12 +513,66 @@ mod tests {
             r#"{"contents":[{"uri":"a://1"}]}"#,
             r#"{"contents":[{"text":"no uri"}]}"#,
             r#"{"contents":[{"uri":"a://1","text":"x"}],"ttlMs":null,"unknown":[1,2]}"#,
+            // 2026-07-28 answers: decoded on the fast path, the same as rmcp.
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"resultType":"complete","ttlMs":0,"cacheScope":"private"}"#,
+            r#"{"contents":[{"uri":"a://1","blob":"AA=="}],"resultType":"complete","ttlMs":3600000,"cacheScope":"public"}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"ttlMs":1.5}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"cacheScope":"shared"}"#,
+            r#"{"contents":[{"uri":"a://1","text":"x"}],"cacheScope":null}"#,
             r#"{"contents":"not a list"}"#,
             r#"{"resources":[]}"#,
         ];
         for raw in cases {
             assert_eq!(decode_read_result(raw), rmcp_decode(raw), "for {raw}");
         }
+    }
+
+    /// A result that is not `complete` is not a read result: the fast path
+    /// must hand it on whole, whatever else it carries.
+    #[test]
+    fn unfinished_results_are_left_to_rmcp() {
+        for t in ["input_required", "task", "COMPLETE", ""] {
+            let raw = format!(r#"{{"contents":[],"resultType":"{t}","ttlMs":0,"cacheScope":"private"}}"#);
+            assert_eq!(decode_read_result(&raw), None, "{raw}");
+        }
+    }
+
+    /// Fails when rmcp's read result (or one of its parts) gains a field: the
+    /// fast path ignores fields it does not know, and a new one may change
+    /// what a result means (as `resultType` did). Teach the fast path the new
+    /// field (or to hand results with it to rmcp), then add it to the list.
+    #[test]
+    fn the_fast_path_knows_every_field_of_a_read_result() {
+        let part = ResourceContents::TextResourceContents {
+            uri: "a://1".into(),
+            mime_type: Some("text/plain".into()),
+            text: "x".into(),
+            meta: Some(Default::default()),
+        };
+        let mut result = ReadResourceResult::new(vec![part]).with_ttl_ms(1);
+        result.cache_scope = Some(rmcp::model::CacheScope::Private);
+        result.meta = Some(Default::default());
+        let json = serde_json::to_value(&result).unwrap();
+        let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
+        for k in &keys {
+            assert!(READ_RESULT_FIELDS.contains(&k.as_str()), "rmcp's ReadResourceResult has a new field `{k}`");
+        }
+        assert_eq!(keys.len(), READ_RESULT_FIELDS.len(), "{keys:?}");
+        let blob = ResourceContents::BlobResourceContents {
+            uri: "a://1".into(),
+            mime_type: Some("image/png".into()),
+            blob: "AA==".into(),
+            meta: Some(Default::default()),
+        };
+        for part in [&json["contents"][0], &serde_json::to_value(&blob).unwrap()] {
+            for k in part.as_object().unwrap().keys() {
+                assert!(READ_PART_FIELDS.contains(&k.as_str()), "rmcp's ResourceContents has a new field `{k}`");
+            }
+        }
+        // Same names as the decoder's.
+        let probe = r#"{"contents":[{"uri":"u","text":"t"}],"resultType":"complete","ttlMs":5,"cacheScope":"public"}"#;
+        let fast = decode_read_result(probe).unwrap();
+        assert_eq!((fast.ttl_ms, fast.cache_scope), (Some(5), Some(rmcp::model::CacheScope::Public)));
     }
 
     /// A real child process printing scripted lines; the pipe must frame

@@ -51,6 +51,15 @@ pub struct ServerFailure {
     pub error: String,
 }
 
+/// The MCP revision one connected server speaks (the report's server section).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ServerProtocol {
+    /// The server name.
+    pub server: String,
+    /// The negotiated revision, e.g. `2026-07-28` or `2025-11-25`.
+    pub protocol: String,
+}
+
 /// Why a resource is not in the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -153,6 +162,9 @@ pub struct Report {
     pub excluded: Arc<Vec<Excluded>>,
     /// Servers that could not be used, or whose listing is incomplete.
     pub failed_servers: Vec<ServerFailure>,
+    /// The revision each connected server speaks.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ServerProtocol>,
     /// Servers whose connection was re-established during this request
     /// (their process had ended); their subscriptions were renewed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -267,6 +279,10 @@ impl fmt::Display for Report {
         }
         for s in &self.restarted_servers {
             writeln!(f, "  server {s} was restarted (its process had ended)")?;
+        }
+        if !self.servers.is_empty() {
+            let list: Vec<String> = self.servers.iter().map(|s| format!("{} {}", s.server, s.protocol)).collect();
+            writeln!(f, "  servers: {}", list.join(", "))?;
         }
         if let Some(SharedCacheReport { up: false, error, .. }) = &self.shared_cache {
             writeln!(f, "  shared cache down: {}", error.as_deref().unwrap_or("unknown cause"))?;

@@ -293,6 +293,7 @@ impl McpContext {
                 self.warm.get(key, &policy, listing_generation, self.cache.version(), &self.hub)
         {
             report.failed_servers = self.hub.failures();
+            report.servers = self.hub.protocols();
             // Everything came from the local cache this time.
             report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
                 up: s.up,
@@ -316,6 +317,7 @@ impl McpContext {
             role: Some(self.settings.role),
             budget,
             failed_servers: self.hub.failures(),
+            servers: self.hub.protocols(),
             warnings: warning.into_iter().collect(),
             ..Report::default()
         };

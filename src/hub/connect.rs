@@ -15,15 +15,16 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, Peer, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
 use tokio::sync::broadcast;
 
 use super::convert::init_cause;
 use super::list::list_server;
+use super::listen::{Listener, ListenerConfig};
 use super::server::{Backoff, Server};
 use super::{Hub, HubEvent, Shared};
 use crate::cause::redact_url;
-use crate::config::{ENV_ALLOWLIST, ServerConfig, Transport};
+use crate::config::{ENV_ALLOWLIST, Protocol, ServerConfig, Transport};
 use crate::error::{Error, Result};
 use crate::pipe::{ChildPipe, Diagnostics};
 
@@ -39,7 +40,7 @@ const STDERR_TAIL_LINES: usize = 8;
 const STDERR_TAIL_WIDTH: usize = 200;
 
 /// Our side of one connection (rmcp's client handler): it announces the
-/// pinned protocol and turns the server's notifications into hub events
+/// handshake revision (2025-11-25, for `initialize`) and turns the server's notifications into hub events
 /// and re-list requests.
 #[derive(Clone)]
 pub(super) struct Host {
@@ -73,7 +74,11 @@ pub(super) struct Live {
     service: tokio::sync::Mutex<Option<RunningService<RoleClient, Host>>>,
     /// Process group of a stdio server (its leader's pid).
     pgid: Option<i32>,
+    /// The negotiated revision, e.g. `2026-07-28`.
     pub(super) protocol: String,
+    /// `subscriptions/listen`, on a revision without `initialize`
+    /// (2026-07-28 on), where it replaces `resources/subscribe`.
+    pub(super) listener: Option<Listener>,
     pub(super) subscribe: bool,
     pub(super) list_changed: bool,
     pub(super) has_resources: bool,
@@ -135,18 +140,30 @@ impl Hub {
 
 /// Connects (or reconnects) one server and lists it. Records the outcome;
 /// `restart`: it replaces a connection that was lost.
-pub(super) async fn connect_one(shared: &Shared, s: &Server, restart: bool) -> bool {
+pub(super) async fn connect_one(shared: &Arc<Shared>, s: &Server, restart: bool) -> bool {
     let host =
         Host { server: s.cfg.name.as_str().into(), events: shared.events.clone(), relist: shared.relist_tx.clone() };
     let started = std::time::Instant::now();
     match connect_server(&s.cfg, host, shared.max_resource_bytes).await.map_err(|e| s.cfg.scrub(&e)) {
         Ok(live) => {
             let connected = started.elapsed();
+            tracing::info!(server = %s.cfg.name, protocol = %live.protocol, setting = %s.cfg.protocol,
+                connect_ms = connected.as_millis() as u64, "connected");
             let live = Arc::new(live);
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            // Usable at once (reads need no listing); the listing follows.
+            // Usable at once (reads need no listing); the listing follows,
+            // alongside (2026-07-28) the `listen` for list changes, so that
+            // a change during the listing is heard and the listing not delayed.
             s.connected(live.clone(), ms(connected), restart);
-            let listing = list_server(&s.cfg, &live).await;
+            let listen = async {
+                if let Some(l) = live.listener.as_ref().filter(|l| l.useful())
+                    && let Err(e) = l.start().await
+                {
+                    tracing::warn!(server = %s.cfg.name, error = %e, "subscriptions/listen failed");
+                }
+            };
+            let (listing, ()) = tokio::join!(list_server(&s.cfg, &live), listen);
+            super::list::schedule_relist(shared, &s.cfg.name, &live, &listing);
             if s.listed(&live, listing, Some(ms(started.elapsed() - connected))) {
                 shared.generation.fetch_add(1, Ordering::SeqCst);
             }
@@ -224,19 +241,25 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
             let diag = Diagnostics::new(&cfg.name);
             let transport = ChildPipe::new(child, diag.clone(), max_text)
                 .map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
-            let failure = match tokio::time::timeout(timeout, host.serve(transport)).await {
-                Err(_) => format!("no answer to initialize within {} ms", timeout.as_millis()),
+            let what = opener(cfg.protocol);
+            let failure = match tokio::time::timeout(
+                timeout,
+                host.serve_with_lifecycle(transport, lifecycle(cfg.protocol)),
+            )
+            .await
+            {
+                Err(_) => format!("no answer to {what} within {} ms", timeout.as_millis()),
                 Ok(Err(e)) => match diag.exit_status() {
-                    Some(status) => format!("{} before answering initialize", describe_exit(status)),
+                    Some(status) => format!("{} before answering {what}", describe_exit(status)),
                     None if matches!(e, rmcp::service::ClientInitializeError::ConnectionClosed(_)) => {
-                        "closed its stdout before answering initialize".to_owned()
+                        format!("closed its stdout before answering {what}")
                     }
-                    None => format!("initialize failed: {e}"),
+                    None => format!("{what} failed: {}", super::convert::init_cause(&e)),
                 },
                 Ok(Ok(s)) => {
                     diag.connected();
                     std::mem::forget(guard);
-                    return Ok(live_from(s, pgid).await);
+                    return Ok(live_from(s, pgid, cfg).await);
                 }
             };
             // The process is gone or about to be killed: let its stderr
@@ -260,19 +283,65 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
                 crate::http::ReadStreamingClient::new(max_text),
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
             );
-            let service = match tokio::time::timeout(timeout, host.serve(transport)).await {
+            let what = opener(cfg.protocol);
+            let service = match tokio::time::timeout(
+                timeout,
+                host.serve_with_lifecycle(transport, lifecycle(cfg.protocol)),
+            )
+            .await
+            {
                 Err(_) => {
                     return Err(format!(
-                        "no answer to initialize from {} within {} ms",
+                        "no answer to {what} from {} within {} ms",
                         redact_url(url),
                         timeout.as_millis()
                     ));
                 }
-                Ok(Err(e)) => return Err(format!("cannot initialize {}: {}", redact_url(url), init_cause(&e))),
+                Ok(Err(e)) => {
+                    return Err(format!("cannot {} {}: {}", verb(cfg.protocol), redact_url(url), init_cause(&e)));
+                }
                 Ok(Ok(s)) => s,
             };
-            Ok(live_from(service, None).await)
+            Ok(live_from(service, None, cfg).await)
         }
+    }
+}
+
+/// How a connection starts, for each `protocol:` setting. `auto` is rmcp's
+/// own probe: `server/discover` first; a server that answers it with an
+/// error (a legacy server says "method not found") gets `initialize` at
+/// once on the same connection, so the fallback costs one round trip and
+/// no re-spawn. rmcp falls back from a *silent* server only after 10 s;
+/// the whole start is bounded by the server's `timeout_ms` (the caller's
+/// `tokio::time::timeout`), so a server that never answers costs exactly
+/// that and fails with its cause, with no hidden fixed delay.
+fn lifecycle(protocol: Protocol) -> ClientLifecycleMode {
+    match protocol {
+        Protocol::V2025_11_25 => ClientLifecycleMode::Initialize,
+        Protocol::V2026_07_28 => {
+            ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] }
+        }
+        Protocol::Auto => ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            legacy_version: Some(ProtocolVersion::V_2025_11_25),
+        },
+    }
+}
+
+/// The request(s) that open a connection under `protocol`, for messages.
+fn opener(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::V2025_11_25 => "initialize",
+        Protocol::V2026_07_28 => "server/discover",
+        Protocol::Auto => "server/discover or initialize",
+    }
+}
+
+/// "cannot initialize URL" / "cannot discover URL".
+fn verb(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::V2026_07_28 => "discover",
+        _ => "initialize",
     }
 }
 
@@ -286,17 +355,38 @@ impl Drop for GroupGuard {
     }
 }
 
-async fn live_from(service: RunningService<RoleClient, Host>, pgid: Option<i32>) -> Live {
+async fn live_from(service: RunningService<RoleClient, Host>, pgid: Option<i32>, cfg: &ServerConfig) -> Live {
     let peer = service.peer().clone();
-    // Our own cache decides freshness; rmcp's would hide read errors behind
-    // stale answers.
+    // rmcp's response cache (SEP-2549) is turned OFF, in favour of ours
+    // (`cache.rs`): one connection serves many users, and rmcp's cache keys
+    // a `private` answer by connection, not by our user, so it could serve
+    // one user's private answer to another; and with `serve_stale_on_error`
+    // it would hide a failing read behind the last good answer. Ours honours
+    // `ttlMs` and `cacheScope` per user.
     peer.set_response_cache_config(rmcp::service::ClientCacheConfig::disabled()).await;
     let info = peer.peer_info();
     let caps = info.as_ref().and_then(|i| i.capabilities.resources.clone());
+    let version = info.as_ref().map(|i| i.protocol_version.clone());
+    let modern = version.as_ref().is_some_and(|v| !v.has_initialize());
+    let subscribe = caps.as_ref().and_then(|c| c.subscribe).unwrap_or(false);
+    let list_changed = caps.as_ref().and_then(|c| c.list_changed).unwrap_or(false);
+    let host = service.service();
+    let listener = modern.then(|| {
+        Listener::new(ListenerConfig {
+            peer: peer.clone(),
+            server: host.server.clone(),
+            events: host.events.clone(),
+            relist: host.relist.clone(),
+            list_changed,
+            subscribe,
+            timeout: cfg.timeout,
+        })
+    });
     Live {
-        protocol: info.as_ref().map(|i| i.protocol_version.to_string()).unwrap_or_default(),
-        subscribe: caps.as_ref().and_then(|c| c.subscribe).unwrap_or(false),
-        list_changed: caps.as_ref().and_then(|c| c.list_changed).unwrap_or(false),
+        listener,
+        protocol: version.map(|v| v.to_string()).unwrap_or_default(),
+        subscribe,
+        list_changed,
         has_resources: caps.is_some(),
         peer,
         service: tokio::sync::Mutex::new(Some(service)),

@@ -128,6 +128,9 @@ pub(super) fn map_service_error(e: ServiceError, server: &str, what: &str, id: O
 pub(super) fn init_cause(e: &rmcp::service::ClientInitializeError) -> String {
     match e {
         rmcp::service::ClientInitializeError::TransportError { error, .. } => crate::cause::http_cause(error),
+        // `auto`: `server/discover` failed in a way that looks legacy (an
+        // HTTP 404 does), and so did `initialize`: the latter says why.
+        rmcp::service::ClientInitializeError::LegacyFallbackFailed { fallback, .. } => init_cause(fallback),
         other => crate::cause::one_line(&other.to_string(), 300),
     }
 }

@@ -29,6 +29,26 @@ pub(crate) struct Listing {
     pub(super) complete: bool,
     /// Why the listing is incomplete (or the templates failed).
     pub(super) problem: Option<String>,
+    /// The shortest `ttlMs` of its `resources/list` pages, when the server
+    /// sent one (templates are re-listed with the resources).
+    pub(super) ttl_ms: Option<u64>,
+}
+
+/// The shortest re-list period a list `ttlMs` can ask for.
+const MIN_RELIST: Duration = Duration::from_secs(1);
+
+impl Listing {
+    /// When this listing should be replaced: its `ttlMs` (at least
+    /// [`MIN_RELIST`]) on a server that does not announce `list_changed`.
+    /// A `ttlMs` of 0 (what SDKs send when a server sets no hint) and an
+    /// absent one promise nothing: such a listing is replaced on
+    /// `list_changed` and on reconnection, as on 2025-11-25. A `private`
+    /// list needs nothing more: the hub lists with its own identity, once,
+    /// and each user sees only what the policy allows of it.
+    pub(super) fn relist_after(&self, list_changed: bool) -> Option<Duration> {
+        let ttl = self.ttl_ms.filter(|t| *t > 0)?;
+        (!list_changed).then(|| Duration::from_millis(ttl).max(MIN_RELIST))
+    }
 }
 
 /// Re-lists the servers that sent `list_changed`, a burst at a time, and
@@ -57,6 +77,22 @@ pub(super) async fn relist_loop(
     }
 }
 
+/// Asks for a re-list of `server` once its listing's `ttlMs` has passed
+/// (see [`Listing::relist_after`]), if `live` is then still its connection.
+pub(super) fn schedule_relist(shared: &Arc<Shared>, server: &str, live: &Arc<Live>, listing: &Listing) {
+    let Some(after) = listing.relist_after(live.list_changed) else { return };
+    let (weak, live, name) = (Arc::downgrade(shared), Arc::downgrade(live), Arc::<str>::from(server));
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let (Some(shared), Some(live)) = (weak.upgrade(), live.upgrade()) else { return };
+        let current = shared.servers.iter().find(|s| *s.cfg.name == *name).and_then(|s| s.state().live.clone());
+        if current.is_some_and(|c| Arc::ptr_eq(&c, &live)) {
+            tracing::debug!(server = %name, "listing expired (ttlMs); re-listing");
+            let _ = shared.relist_tx.send(name);
+        }
+    });
+}
+
 /// Lists one connection's resources (duplicates by URI dropped) and
 /// templates. Never fails: what could not be listed is the listing's
 /// `problem`, and the rest is kept.
@@ -71,9 +107,10 @@ pub(super) async fn list_server(cfg: &ServerConfig, live: &Live) -> Listing {
     let mut seen_uris = HashSet::new();
     let r = paginate(cfg, "resources/list", |params| {
         let peer = live.peer.clone();
-        async move { peer.list_resources(params).await.map(|p| (p.resources, p.next_cursor)) }
+        async move { peer.list_resources(params).await.map(|p| (p.resources, p.next_cursor, p.ttl_ms)) }
     })
     .await;
+    listing.ttl_ms = r.ttl_ms;
     for r in r.items {
         if seen_uris.insert(r.uri.clone()) {
             listing.resources.push(Arc::new(convert_resource(name, r, now)));
@@ -83,11 +120,14 @@ pub(super) async fn list_server(cfg: &ServerConfig, live: &Live) -> Listing {
         listing.complete = false;
         listing.problem = Some(p);
     }
-    let t = paginate(cfg, "resources/templates/list", |params| {
-        let peer = live.peer.clone();
-        async move { peer.list_resource_templates(params).await.map(|p| (p.resource_templates, p.next_cursor)) }
-    })
-    .await;
+    let t =
+        paginate(cfg, "resources/templates/list", |params| {
+            let peer = live.peer.clone();
+            async move {
+                peer.list_resource_templates(params).await.map(|p| (p.resource_templates, p.next_cursor, p.ttl_ms))
+            }
+        })
+        .await;
     listing.templates = t.items.into_iter().map(|t| convert_template(name, t)).collect();
     if let Some(p) = t.problem
         && !p.contains("-32601")
@@ -101,6 +141,8 @@ pub(super) async fn list_server(cfg: &ServerConfig, live: &Live) -> Listing {
 struct Pages<T> {
     items: Vec<T>,
     problem: Option<String>,
+    /// The shortest `ttlMs` of the pages.
+    ttl_ms: Option<u64>,
 }
 
 /// Follows `nextCursor` until it is absent. An empty string is a cursor, not
@@ -109,18 +151,20 @@ struct Pages<T> {
 async fn paginate<T, F, Fut>(cfg: &ServerConfig, what: &str, mut fetch: F) -> Pages<T>
 where
     F: FnMut(Option<PaginatedRequestParams>) -> Fut,
-    Fut: std::future::Future<Output = std::result::Result<(Vec<T>, Option<String>), ServiceError>>,
+    Fut: std::future::Future<Output = std::result::Result<(Vec<T>, Option<String>, Option<u64>), ServiceError>>,
 {
     let mut items = Vec::new();
+    let mut ttl_ms: Option<u64> = None;
     let mut cursor: Option<String> = None;
     let mut seen = HashSet::new();
     for page in 1..=MAX_LIST_PAGES {
         let params = cursor.clone().map(|c| PaginatedRequestParams::default().with_cursor(Some(c)));
         let result = tokio::time::timeout(cfg.timeout, fetch(params)).await;
-        let (batch, next) = match result {
+        let (batch, next, ttl) = match result {
             Err(_) => {
                 return Pages {
                     items,
+                    ttl_ms,
                     problem: Some(format!(
                         "{what} incomplete: page {page} timed out after {} ms",
                         cfg.timeout.as_millis()
@@ -129,17 +173,21 @@ where
             }
             Ok(Err(e)) => {
                 let e = cfg.scrub(&map_service_error(e, &cfg.name, what, None).to_string());
-                return Pages { items, problem: Some(format!("{what} incomplete: page {page} failed: {e}")) };
+                return Pages { items, ttl_ms, problem: Some(format!("{what} incomplete: page {page} failed: {e}")) };
             }
             Ok(Ok(x)) => x,
         };
         items.extend(batch);
+        if let Some(t) = ttl {
+            ttl_ms = Some(ttl_ms.map_or(t, |m| m.min(t)));
+        }
         match next {
-            None => return Pages { items, problem: None },
+            None => return Pages { items, problem: None, ttl_ms },
             Some(c) => {
                 if !seen.insert(c.clone()) {
                     return Pages {
                         items,
+                        ttl_ms,
                         problem: Some(format!(
                             "{what} incomplete: the server repeated cursor {:?} on page {page}",
                             c.chars().take(64).collect::<String>()
@@ -150,5 +198,5 @@ where
             }
         }
     }
-    Pages { items, problem: Some(format!("{what} incomplete: stopped after {MAX_LIST_PAGES} pages")) }
+    Pages { items, ttl_ms, problem: Some(format!("{what} incomplete: stopped after {MAX_LIST_PAGES} pages")) }
 }

@@ -9,6 +9,7 @@
 //! - `list`: listing resources and templates, following every page;
 //! - `convert`: rmcp's wire types turned into ours (no rmcp type leaves
 //!   this module);
+//! - `listen`: `subscriptions/listen` on 2026-07-28 connections;
 //! - `server`: the per-server state.
 //!
 //! Each server lives in its own slot. A server that fails to start
@@ -25,13 +26,19 @@
 //!   because rmcp's kill-on-drop is a spawned task that may never run while a
 //!   runtime shuts down.
 //!
-//! The protocol is pinned to the newest revision that still has the
-//! `initialize` handshake (2025-11-25): it is what deployed servers speak, and
-//! the only one with `resources/subscribe` and notification callbacks.
+//! Each server speaks the revision its `protocol:` names: `auto` (the
+//! default) probes `server/discover` and falls back to the `initialize`
+//! handshake of 2025-11-25 at once when the server does not know it
+//! (`connect`). Changes are pushed through `resources/subscribe` and
+//! notification callbacks on 2025-11-25, through `subscriptions/listen` on
+//! 2026-07-28 (`listen`); both end in the same hub events. rmcp's own
+//! response cache is off on every connection: the content cache (`cache.rs`)
+//! honours `ttlMs` and `cacheScope` per user.
 
 mod connect;
 mod convert;
 mod list;
+mod listen;
 mod server;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -208,6 +215,19 @@ impl Hub {
             .collect()
     }
 
+    /// The revision each connected server speaks, in config order.
+    pub fn protocols(&self) -> Vec<crate::report::ServerProtocol> {
+        self.shared
+            .servers
+            .iter()
+            .filter_map(|s| {
+                let state = s.state();
+                let live = state.live.as_ref()?;
+                Some(crate::report::ServerProtocol { server: s.cfg.name.clone(), protocol: live.protocol.clone() })
+            })
+            .collect()
+    }
+
     /// Servers that failed to connect, and servers whose listing is incomplete.
     pub fn failures(&self) -> Vec<ServerFailure> {
         self.status()
@@ -334,14 +354,19 @@ impl Hub {
         join_all(ids.iter().map(|id| self.read(id))).await
     }
 
-    /// Subscribes to updates of one resource, where the server supports it.
-    /// Returns whether a subscription is now in place. The cache subscribes
+    /// Subscribes to updates of one resource, where the server supports it
+    /// (`resources/subscribe` on 2025-11-25, `subscriptions/listen` on
+    /// 2026-07-28). Returns whether a subscription is now in place. The cache subscribes
     /// for what it keeps; updates arrive as [`HubEvent::Updated`].
     pub(crate) async fn subscribe(&self, id: &ResourceId) -> Result<bool> {
         let server = self.server(&id.server)?;
         let live = self.live(server).await?;
         if !live.subscribe {
             return Ok(false);
+        }
+        if let Some(listener) = &live.listener {
+            let what = format!("subscriptions/listen {}", id.uri);
+            return listener.add(&id.uri).await.map_err(|e| map_service_error(e, &id.server, &what, None));
         }
         let what = format!("resources/subscribe {}", id.uri);
         #[allow(deprecated)]
@@ -377,6 +402,7 @@ impl Hub {
         let s = self.server(server)?;
         let live = self.live(s).await?;
         let listing = list_server(&s.cfg, &live).await;
+        list::schedule_relist(&self.shared, server, &live, &listing);
         // Not stored if the connection was replaced meanwhile: its own
         // connect listed it already.
         if s.listed(&live, listing, None) {

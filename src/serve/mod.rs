@@ -370,6 +370,7 @@ async fn readyz(State(state): State<Shared>) -> Response {
             serde_json::json!({
                 "name": s.name,
                 "state": if s.connected { "connected" } else { "down" },
+                "protocol": s.protocol,
                 "resources": s.resources,
                 "restarts": s.restarts,
                 "problem": s.problem,

@@ -111,8 +111,15 @@ pub async fn wait_gone(tag: &str, within: Duration) -> Vec<u32> {
     }
 }
 
-/// YAML for a stdio fixture server.
+/// YAML for a stdio fixture server, pinned to 2025-11-25: the tests written
+/// for that revision (`resources/subscribe`, answers without cache hints)
+/// stay what they were; tests/all/protocol.rs covers 2026-07-28 and `auto`.
 pub fn fixture_server(name: &str, tag: &str, args: &[&str]) -> String {
+    fixture_server_base(name, tag, args) + "    protocol: \"2025-11-25\"\n"
+}
+
+/// YAML for a stdio fixture server with the default `protocol` (auto).
+pub fn fixture_server_base(name: &str, tag: &str, args: &[&str]) -> String {
     let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
     format!(
         "  {name}:\n    command: {:?}\n    args: [{}]\n    env: {{ MCP_TEST_TAG: {tag:?} }}\n    timeout_ms: 20000\n",
@@ -121,9 +128,11 @@ pub fn fixture_server(name: &str, tag: &str, args: &[&str]) -> String {
     )
 }
 
-/// YAML for the demo server.
+/// YAML for the demo server (pinned to 2025-11-25, like [`fixture_server`]).
 pub fn demo_server(name: &str, tag: &str) -> String {
-    format!("  {name}:\n    command: {MCP_CONTEXT:?}\n    args: [demo-server]\n    env: {{ MCP_TEST_TAG: {tag:?} }}\n")
+    format!(
+        "  {name}:\n    command: {MCP_CONTEXT:?}\n    args: [demo-server]\n    env: {{ MCP_TEST_TAG: {tag:?} }}\n    protocol: \"2025-11-25\"\n"
+    )
 }
 
 /// Parses a config written in a test (paths relative to a temp folder).

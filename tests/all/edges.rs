@@ -188,7 +188,7 @@ fn junk_on_stdout_is_quoted_in_the_error_or_warned_once() {
     let err = text(&out.stderr);
     assert!(
         err.contains(&format!(
-            "server `web` failed: no answer to initialize within 1000 ms; it wrote non-JSON on stdout: '{banner}'"
+            "server `web` failed: no answer to server/discover or initialize within 1000 ms; it wrote non-JSON on stdout: '{banner}'"
         )),
         "{err}"
     );

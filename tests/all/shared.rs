@@ -60,9 +60,13 @@ impl Drop for Prefix {
     }
 }
 
+/// The MCP server is pinned to 2025-11-25: these tests were written for
+/// `resources/subscribe`. (Under `auto` the fixture speaks 2026-07-28, and
+/// `a_read_that_began_before_a_change_never_stores_the_old_content` then
+/// failed once with "never saw change 1": not investigated yet.)
 fn config(mcp_url: &str, redis_url: &str, prefix: &str) -> String {
     format!(
-        "servers:\n  kb:\n    url: {mcp_url}\ncontext:\n  max_tokens: 4000\n\
+        "servers:\n  kb:\n    url: {mcp_url}\n    protocol: \"2025-11-25\"\ncontext:\n  max_tokens: 4000\n\
          cache:\n  backend: redis\n  url: {redis_url}\n  key_prefix: \"{prefix}\"\n  timeout_ms: 300\n\
          serve:\n{}",
         default_serve()

@@ -63,6 +63,17 @@ pub struct Options {
     /// for `.md`, else `text/plain`), read from disk on every read: a
     /// knowledge base of real text for the relevance tests and evaluation.
     pub dir: Option<String>,
+    /// Speak only 2026-07-28: `initialize` is rejected (no version with a handshake).
+    pub only_2026: bool,
+    /// Speak only 2025-11-25 and older: `server/discover` is "method not
+    /// found", as on a server built before 2026-07-28.
+    pub only_2025: bool,
+    /// Also log `discover`, `initialize` and `listen URIS` to the `--record` log.
+    pub record_lifecycle: bool,
+    /// List results say `ttlMs` = this (and `cacheScope: public`).
+    pub list_ttl_ms: Option<u64>,
+    /// Read results say `ttlMs` = this (and `cacheScope: public`).
+    pub read_ttl_ms: Option<u64>,
     /// Every read waits this long before answering (so that reads from
     /// several clients overlap).
     pub delay_ms: u64,
@@ -123,6 +134,8 @@ pub struct Fixture {
     pub reads: Arc<AtomicUsize>,
     peers: Arc<std::sync::Mutex<Vec<rmcp::Peer<RoleServer>>>>,
     subs: Arc<std::sync::Mutex<Vec<Subscription>>>,
+    /// Open `subscriptions/listen` requests (2026-07-28).
+    sinks: Arc<std::sync::Mutex<Vec<rmcp::service::SubscriptionSink>>>,
     watching: Arc<std::sync::atomic::AtomicBool>,
     inflight: Arc<AtomicUsize>,
 }
@@ -134,6 +147,7 @@ impl Fixture {
             reads: Arc::new(AtomicUsize::new(0)),
             peers: Arc::default(),
             subs: Arc::default(),
+            sinks: Arc::default(),
             watching: Arc::default(),
             inflight: Arc::default(),
         }
@@ -168,12 +182,22 @@ impl Fixture {
                             let _ = peer.notify_resource_updated(ResourceUpdatedNotificationParam::new(uri)).await;
                         }
                     }
+                    let live_uri = format!("{}fx://live", me.opts.prefix);
+                    let sinks: Vec<_> = me.sinks.lock().unwrap().clone();
+                    for sink in sinks {
+                        // The sink refuses URIs its listener did not ask for.
+                        let _ = sink.notify_resource_updated(live_uri.clone()).await;
+                    }
                 }
                 if n2 != list {
                     list = n2;
                     let peers: Vec<_> = me.peers.lock().unwrap().clone();
                     for peer in peers {
                         let _ = peer.notify_resource_list_changed().await;
+                    }
+                    let sinks: Vec<_> = me.sinks.lock().unwrap().clone();
+                    for sink in sinks {
+                        let _ = sink.notify_resource_list_changed().await;
                     }
                 }
             }
@@ -228,6 +252,18 @@ impl Fixture {
         v
     }
 
+    /// Appends a lifecycle line to the `--record` log (with `--record-lifecycle`).
+    fn log(&self, line: &str) {
+        if !self.opts.record_lifecycle {
+            return;
+        }
+        if let Some(path) = &self.opts.record
+            && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+        {
+            let _ = f.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+
     fn record(&self, uri: &str) {
         self.reads.fetch_add(1, Ordering::SeqCst);
         if let Some(path) = &self.opts.record
@@ -268,6 +304,47 @@ impl ServerHandler for Fixture {
             ServerCapabilities::builder().enable_resources().build()
         };
         ServerConfig::new(caps).with_server_info(Implementation::new("mcp-fixture", "0.1.0"))
+    }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        if self.opts.only_2026 {
+            std::borrow::Cow::Owned(vec![ProtocolVersion::V_2026_07_28])
+        } else {
+            std::borrow::Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+        }
+    }
+
+    async fn discover(&self, _cx: RequestContext<RoleServer>) -> Result<DiscoverResult, ErrorData> {
+        self.log("discover");
+        if self.opts.only_2025 {
+            return Err(ErrorData::new(ErrorCode::METHOD_NOT_FOUND, "Method not found", None));
+        }
+        Ok(DiscoverResult::from_server_info(self.supported_protocol_versions().into_owned(), self.get_info()))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        self.log("initialize");
+        cx.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        self.opts.subscribe.then(|| requested.clone())
+    }
+
+    async fn listen(&self, cx: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
+        let uris = cx.accepted().resource_subscriptions.clone().unwrap_or_default();
+        self.log(&format!("listen {}", uris.join(" ")));
+        self.sinks.lock().unwrap().push(cx.sink().clone());
+        self.watch();
+        cx.cancelled().await;
+        let id = cx.sink().id().clone();
+        self.sinks.lock().unwrap().retain(|s| *s.id() != id);
+        Ok(())
     }
 
     async fn on_initialized(&self, cx: rmcp::service::NotificationContext<RoleServer>) {
@@ -338,6 +415,10 @@ impl ServerHandler for Fixture {
         let end = (start + page).min(all.len());
         let items = all.get(start..end).unwrap_or_default().iter().map(|(u, m)| res(u, *m)).collect();
         let mut r = ListResourcesResult::with_all_items(items);
+        if let Some(ttl) = self.opts.list_ttl_ms {
+            r.ttl_ms = Some(ttl);
+            r.cache_scope = Some(CacheScope::Public);
+        }
         r.next_cursor = if end >= all.len() {
             None
         } else if start == 0 && self.opts.empty_cursor {
@@ -521,9 +602,19 @@ impl Fixture {
             }
         };
         let mut result = ReadResourceResult::new(contents);
+        // A 2026-07-28 answer without hints would say `ttlMs: 0` (rmcp
+        // fills it in): a server that notifies changes says how long its
+        // answers keep, as a real one would.
+        let modern = cx.protocol_version().is_some_and(|v| !v.has_initialize());
         if self.opts.private {
             result = result.with_ttl_ms(60_000);
             result.cache_scope = Some(CacheScope::Private);
+        } else if let Some(ttl) = self.opts.read_ttl_ms {
+            result = result.with_ttl_ms(ttl);
+            result.cache_scope = Some(CacheScope::Public);
+        } else if modern && self.opts.subscribe {
+            result = result.with_ttl_ms(3_600_000);
+            result.cache_scope = Some(CacheScope::Public);
         }
         Ok(result.into())
     }

@@ -6,7 +6,10 @@
 //! `--fs` (a normalising file-like server), `--grandchild` (spawns a long-lived child in its process group, pid written
 //! to `--pid-file`), `--traceback` (a Python-like traceback on stderr, with
 //! the value of $FIXTURE_SECRET in it, then exit 1), `--banner` (a banner line
-//! on stdout before serving), `--hang-list` (never answers resources/list).
+//! on stdout before serving), `--hang-list` (never answers resources/list),
+//! `--only-2026` (rejects `initialize`), `--only-2025` (no `server/discover`),
+//! `--record-lifecycle` (also logs discover/initialize/listen), `--list-ttl-ms N` / `--read-ttl-ms N` (list / read results carry
+//! `ttlMs: N`, `cacheScope: public`).
 
 #[path = "fixture.rs"]
 mod handler;
@@ -82,6 +85,11 @@ fn main() {
         hang_list: flag("--hang-list"),
         fs: flag("--fs"),
         dir: val("--dir"),
+        only_2026: flag("--only-2026"),
+        only_2025: flag("--only-2025"),
+        record_lifecycle: flag("--record-lifecycle"),
+        list_ttl_ms: val("--list-ttl-ms").and_then(|v| v.parse().ok()),
+        read_ttl_ms: val("--read-ttl-ms").and_then(|v| v.parse().ok()),
         delay_ms: num("--delay-ms", 0) as u64,
         answer_after_ms: num("--answer-after-ms", 0) as u64,
     };
