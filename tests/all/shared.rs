@@ -95,6 +95,15 @@ async fn metric(proxy: &Proxy, name: &str) -> f64 {
     text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 
+/// Waits until the fixture has `n` subscriptions to fx://live (its log).
+async fn subscribed(log: &std::path::Path, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while read_log(log).iter().filter(|l| l.as_str() == "subscribe fx://live").count() < n {
+        assert!(tokio::time::Instant::now() < deadline, "{n} subscriptions: {:?}", read_log(log));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn ready(proxy: &Proxy) -> Value {
     http().get(format!("{}/readyz", proxy.url)).send().await.unwrap().json().await.unwrap()
 }
@@ -111,6 +120,7 @@ async fn replicas_read_each_change_once_and_a_new_replica_starts_warm() {
         n: 0,
         subscribe: true,
         live: Some(live.to_string_lossy().into_owned()),
+        record: Some(dir.path().join("reads.log").to_string_lossy().into_owned()),
         delay_ms: 300,
         ..Options::default()
     })
@@ -129,8 +139,10 @@ async fn replicas_read_each_change_once_and_a_new_replica_starts_warm() {
     }
     assert_eq!(fixture.reads.load(Ordering::SeqCst), 1, "one read for three replicas");
 
-    // A change pushed by the server: every replica drops its copy; the next
+    // A change pushed by the server (once every replica has subscribed: a
+    // change before that reaches nobody): every replica drops its copy; the next
     // requests on all three carry the new content, for one more read.
+    subscribed(&dir.path().join("reads.log"), 3).await;
     std::fs::write(&live, "version two of the live page").unwrap();
     for p in &replicas {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -315,6 +327,7 @@ async fn a_read_that_began_before_a_change_never_stores_the_old_content() {
         n: 0,
         subscribe: true,
         live: Some(live.to_string_lossy().into_owned()),
+        record: Some(dir.path().join("reads.log").to_string_lossy().into_owned()),
         answer_after_ms: 800,
         ..Options::default()
     })
@@ -323,6 +336,7 @@ async fn a_read_that_began_before_a_change_never_stores_the_old_content() {
     let r = start(2, &mcp, &url, &prefix.prefix, &up.base).await;
     assert!(ask(&r[0], &up, "alice", "warm-up on one").await.contains("live version one"));
     assert!(ask(&r[1], &up, "alice", "warm-up on two").await.contains("live version one"));
+    subscribed(&dir.path().join("reads.log"), 2).await;
     let local = "mcp_context_shared_cache_invalidations_total{origin=\"local\"}";
     let seen = |n: f64| {
         let r = &r;
