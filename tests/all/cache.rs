@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mcp_context::{ContextRequest, McpContext};
 
@@ -16,18 +16,6 @@ fn reads_of(log: &Path, uri: &str) -> usize {
 
 async fn content(ctx: &McpContext, user: &str) -> String {
     ctx.build(&ContextRequest::for_user(user)).await.unwrap().0.map(|m| m.content.to_string()).unwrap_or_default()
-}
-
-/// Polls `cond` every 20 ms for up to 5 s.
-async fn eventually(mut cond: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if cond().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
 }
 
 struct Files {

@@ -333,3 +333,15 @@ impl Reply {
 pub fn read_log(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path).map(|s| s.lines().map(str::to_owned).collect()).unwrap_or_default()
 }
+
+/// Polls `cond` every 20 ms for up to 5 s.
+pub async fn eventually(mut cond: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}

@@ -25,18 +25,6 @@ fn id(s: &str) -> ResourceId {
     ResourceId::parse(s).unwrap()
 }
 
-/// Polls `cond` every 20 ms for up to 5 s.
-pub async fn eventually(mut cond: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if cond().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
-}
-
 pub async fn content(ctx: &McpContext, user: &str) -> String {
     ctx.build(&ContextRequest::for_user(user)).await.unwrap().0.map(|m| m.content.to_string()).unwrap_or_default()
 }

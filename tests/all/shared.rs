@@ -95,6 +95,25 @@ async fn metric(proxy: &Proxy, name: &str) -> f64 {
     text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 
+/// The HTTP fixture serving only `fx://live` (`dir`/live.txt, starting as
+/// `text`), which notifies subscribers of changes and logs to `dir`/reads.log.
+async fn live_fixture(
+    dir: &tempfile::TempDir,
+    text: &str,
+    timing: Options,
+) -> (String, Fixture, tokio_util::sync::CancellationToken) {
+    let live = dir.path().join("live.txt");
+    std::fs::write(&live, text).unwrap();
+    http_fixture(Options {
+        n: 0,
+        subscribe: true,
+        live: Some(live.to_string_lossy().into_owned()),
+        record: Some(dir.path().join("reads.log").to_string_lossy().into_owned()),
+        ..timing
+    })
+    .await
+}
+
 /// Waits until the fixture has `n` subscriptions to fx://live (its log).
 async fn subscribed(log: &std::path::Path, n: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -115,16 +134,8 @@ async fn replicas_read_each_change_once_and_a_new_replica_starts_warm() {
     let prefix = Prefix::new(&url);
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live.txt");
-    std::fs::write(&live, "version one of the live page").unwrap();
-    let (mcp, fixture, _stop) = http_fixture(Options {
-        n: 0,
-        subscribe: true,
-        live: Some(live.to_string_lossy().into_owned()),
-        record: Some(dir.path().join("reads.log").to_string_lossy().into_owned()),
-        delay_ms: 300,
-        ..Options::default()
-    })
-    .await;
+    let (mcp, fixture, _stop) =
+        live_fixture(&dir, "version one of the live page", Options { delay_ms: 300, ..Options::default() }).await;
     let up = Upstream::start().await;
     let replicas = start(3, &mcp, &url, &prefix.prefix, &up.base).await;
 
@@ -321,17 +332,9 @@ async fn a_read_that_began_before_a_change_never_stores_the_old_content() {
     let prefix = Prefix::new(&url);
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live.txt");
-    std::fs::write(&live, "live version one").unwrap();
     // Every read takes its content, then answers 800 ms later.
-    let (mcp, _fixture, _stop) = http_fixture(Options {
-        n: 0,
-        subscribe: true,
-        live: Some(live.to_string_lossy().into_owned()),
-        record: Some(dir.path().join("reads.log").to_string_lossy().into_owned()),
-        answer_after_ms: 800,
-        ..Options::default()
-    })
-    .await;
+    let (mcp, _fixture, _stop) =
+        live_fixture(&dir, "live version one", Options { answer_after_ms: 800, ..Options::default() }).await;
     let up = Upstream::start().await;
     let r = start(2, &mcp, &url, &prefix.prefix, &up.base).await;
     assert!(ask(&r[0], &up, "alice", "warm-up on one").await.contains("live version one"));
