@@ -55,7 +55,11 @@ fn config(mcp: &str, redis: Option<(&str, &str)>) -> Config {
         Some((url, prefix)) => format!("cache:\n  backend: redis\n  url: {url}\n  key_prefix: \"{prefix}\"\n"),
         None => String::new(),
     };
-    let yaml = format!("servers:\n  kb:\n    url: {mcp}\ncontext:\n  max_tokens: 4000\n{cache}");
+    // Pinned to 2025-11-25 (`resources/subscribe`), as in tests/all/shared.rs:
+    // under 2026-07-28 with three or more replicas on this in-process fixture
+    // one replica never heard of a change (not investigated yet).
+    let yaml =
+        format!("servers:\n  kb:\n    url: {mcp}\n    protocol: \"2025-11-25\"\ncontext:\n  max_tokens: 4000\n{cache}");
     Config::from_yaml(&yaml, std::path::Path::new("bench.yaml")).expect("config")
 }
 
@@ -148,6 +152,9 @@ async fn main() {
                 ctxs.iter().filter_map(|c| c.shared_cache_status()).map(|s| s.errors).sum()
             };
             let cold_errors = errors(&ctxs);
+            // Subscriptions are set up after the first reads, in the
+            // background: a change before they are acknowledged reaches nobody.
+            tokio::time::sleep(Duration::from_millis(200)).await;
             let full = docs + 1;
             let mut per_change = Vec::new();
             for c in 1..=changes {
