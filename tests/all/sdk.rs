@@ -126,7 +126,10 @@ async fn typescript_sdk_server_on_2026_07_28_under_auto() {
     let (t, dir) = (tag(), tempfile::tempdir().unwrap());
     exercise(&ts_sut(script, &t, dir.path(), None, "2026-07-28"), "typescript sdk, auto").await;
     let log = read_log(&dir.path().join("reads.log"));
-    assert!(log.iter().any(|l| l.starts_with("listen ") && l.contains("fx://live")), "listen covers fx://live: {log:?}");
+    assert!(
+        log.iter().any(|l| l.starts_with("listen ") && l.contains("fx://live")),
+        "listen covers fx://live: {log:?}"
+    );
     assert!(!log.iter().any(|l| l.starts_with("subscribe ")), "{log:?}");
 }
 
