@@ -1,7 +1,8 @@
 //! The shared (Redis) cache, measured: MCP reads per change against the
 //! number of replicas, with the memory backend and with Redis; a new
-//! replica's first request; and what the Redis backend adds to a warm
-//! request.
+//! replica's first request, and the same over the budget (relevance mode)
+//! with and without the token counts and chunks other replicas stored; and
+//! what the Redis backend adds to a warm request.
 //!
 //! ```text
 //! cargo build --release --example bench_shared
@@ -80,6 +81,30 @@ fn cleanup(url: &str, prefix: &str) {
             let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut c);
         }
     }
+}
+
+/// CPU time of this process (all threads, user + system).
+fn cpu() -> Duration {
+    // SAFETY: getrusage fills the struct we pass and has no other effect.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let d = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    d(u.ru_utime) + d(u.ru_stime)
+}
+
+/// Deletes the derived-data fields (`d:…`) of every content hash under `prefix`.
+fn drop_derived(url: &str, prefix: &str) -> usize {
+    let mut c = redis::Client::open(url).and_then(|c| c.get_connection()).expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}c:*")).query(&mut c).unwrap_or_default();
+    let mut n = 0;
+    for k in keys {
+        let fields: Vec<String> = redis::cmd("HKEYS").arg(&k).query(&mut c).unwrap_or_default();
+        for f in fields.into_iter().filter(|f| f.starts_with("d:")) {
+            let _: redis::RedisResult<()> = redis::cmd("HDEL").arg(&k).arg(f).query(&mut c);
+            n += 1;
+        }
+    }
+    n
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -178,6 +203,63 @@ async fn main() {
         m.as_secs_f64() * 1e3,
         r.as_secs_f64() * 1e3,
         m.as_secs_f64() / r.as_secs_f64()
+    );
+    drop(seed);
+    cleanup(&redis_url, &prefix);
+
+    // The same over the budget: a question, so chunks are ranked (relevance
+    // mode). Contents come from Redis in both columns; token counts and
+    // chunks too in the first, computed by the new replica in the second.
+    let prefix = format!("{run}derived:");
+    let ask = || mcp_context::ContextRequest {
+        query: Some("which notes share the gamma sync".into()),
+        ..mcp_context::ContextRequest::for_user("alice")
+    };
+    let seed = replicas(1, &mcp, Some((&redis_url, &prefix))).await;
+    let (_, report) = seed[0].build(&ask()).await.unwrap();
+    assert_eq!(report.mode, Some(mcp_context::SelectMode::Relevance));
+    let first = |ctx: Arc<McpContext>| {
+        let ask = ask();
+        async move {
+            let (t, c) = (Instant::now(), cpu());
+            let (m, report) = ctx.build(&ask).await.unwrap();
+            ((t.elapsed(), cpu() - c), report.shared_cache.map_or(0, |s| s.derived), m.map(|m| m.content))
+        }
+    };
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let mut message = None;
+    for _ in 0..5 {
+        // Let the seed's (and the last round's) records land.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = replicas(1, &mcp, Some((&redis_url, &prefix))).await;
+        let (times, used, m) = first(r[0].clone()).await;
+        assert_eq!(used, docs, "every record used");
+        with.push(times);
+        assert!(message.get_or_insert(m.clone()) == &m, "the same message");
+        assert!(drop_derived(&redis_url, &prefix) >= docs);
+        let r = replicas(1, &mcp, Some((&redis_url, &prefix))).await;
+        let (times, used, m) = first(r[0].clone()).await;
+        assert_eq!(used, 0);
+        assert!(message.as_ref() == Some(&m), "the same message");
+        without.push(times);
+    }
+    let median = |v: &mut Vec<(Duration, Duration)>, pick: fn(&(Duration, Duration)) -> Duration| {
+        let mut x: Vec<Duration> = v.iter().map(pick).collect();
+        percentile(&mut x, 0.5)
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (ww, wc) = (median(&mut with, |t| t.0), median(&mut with, |t| t.1));
+    let (ow, oc) = (median(&mut without, |t| t.0), median(&mut without, |t| t.1));
+    println!(
+        "
+new replica, first request over the budget ({docs} resources, relevance, median of 5): with shared \
+         token counts and chunks {:.1} ms wall, {:.1} ms CPU; computing them {:.1} ms wall, {:.1} ms CPU ({:.2}x wall, {:.2}x CPU)",
+        ms(ww),
+        ms(wc),
+        ms(ow),
+        ms(oc),
+        ms(ow) / ms(ww),
+        ms(oc) / ms(wc)
     );
     drop(seed);
     cleanup(&redis_url, &prefix);

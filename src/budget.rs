@@ -217,20 +217,41 @@ impl TokenCache {
 
     /// `tok.count(text)`, from the cache when this content was counted before.
     pub fn count(&self, tok: &Tokenizer, text: &str) -> usize {
-        let mut h = self.hasher.build_hasher();
-        tok.encoding.hash(&mut h);
-        text.hash(&mut h);
-        let key = h.finish();
+        let key = self.key(tok, text);
         if let Some(&n) = self.lock().get(&key) {
             return n;
         }
         let n = tok.count(text);
+        self.put(key, n);
+        n
+    }
+
+    /// The count of `text` if it is cached (nothing is tokenised).
+    #[cfg(feature = "redis")]
+    pub(crate) fn peek(&self, tok: &Tokenizer, text: &str) -> Option<usize> {
+        self.lock().get(&self.key(tok, text)).copied()
+    }
+
+    /// Remembers `n` as the count of `text`: for counts known without
+    /// tokenising here (another replica's, through the shared cache).
+    #[cfg(feature = "redis")]
+    pub(crate) fn insert(&self, tok: &Tokenizer, text: &str, n: usize) {
+        self.put(self.key(tok, text), n);
+    }
+
+    fn key(&self, tok: &Tokenizer, text: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        tok.encoding.hash(&mut h);
+        text.hash(&mut h);
+        h.finish()
+    }
+
+    fn put(&self, key: u64, n: usize) {
         let mut map = self.lock();
         if map.len() >= self.limit {
             map.clear();
         }
         map.insert(key, n);
-        n
     }
 
     /// Number of cached counts.

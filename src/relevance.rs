@@ -222,9 +222,9 @@ pub(crate) struct Chunk {
     /// Its tokens.
     pub tokens: usize,
     /// Its length in terms (BM25's document length).
-    len: u32,
+    pub len: u32,
     /// `(term, count)`, sorted by term.
-    terms: Box<[(u64, u16)]>,
+    pub terms: Box<[(u64, u16)]>,
 }
 
 /// How often `term` occurs in `terms` (sorted by term).
@@ -249,7 +249,7 @@ pub(crate) struct Chunked {
     pub token_ends: Vec<u32>,
     /// `(term, count)` of the resource's name and title, sorted by term:
     /// they describe every chunk (see "Ranking" in the module docs).
-    fields: Box<[(u64, u16)]>,
+    pub fields: Box<[(u64, u16)]>,
 }
 
 impl Chunked {
@@ -270,12 +270,23 @@ impl Chunked {
     /// when the encoding is additive and the body does not start with a
     /// newline or `/`; else 0.
     fn whole_tokens_at_least(&self, tok: &Tokenizer) -> usize {
-        if tok.is_additive() && !self.body().starts_with(['\n', '\r', '/']) {
-            self.open_tokens + self.token_ends.len()
-        } else {
-            0
-        }
+        self.whole_head_tokens(tok).unwrap_or(0)
     }
+
+    /// The head's tokens, exactly, when they are the opening line's plus
+    /// the body's (the head was encoded whole in [`ChunkIndex::chunk`]).
+    pub(crate) fn whole_head_tokens(&self, tok: &Tokenizer) -> Option<usize> {
+        (tok.is_additive() && !self.body().starts_with(['\n', '\r', '/']))
+            .then(|| self.open_tokens + self.token_ends.len())
+    }
+}
+
+/// A term id that changes when term ids do (another hash or analysis in
+/// another build): chunks with term ids from elsewhere are used only if the
+/// two agree.
+#[cfg(feature = "redis")]
+pub(crate) fn term_probe() -> u64 {
+    terms::id("mcp-context term probe")
 }
 
 /// Tokens whose end offset (in `ends`, ascending) is in `(a, b]`.
@@ -333,7 +344,7 @@ mod terms {
         stop_words::get(stop_words::LANGUAGE::English).iter().map(|w| deunicode::deunicode(w).to_lowercase()).collect()
     });
 
-    fn id(term: &str) -> u64 {
+    pub(crate) fn id(term: &str) -> u64 {
         let mut h = std::hash::DefaultHasher::new();
         term.hash(&mut h);
         h.finish()
@@ -743,7 +754,7 @@ impl ChunkIndex {
     }
 
     /// The chunks of this resource's contents if they were cut already.
-    fn peek(&self, tok: &Tokenizer, resource: &Resource, contents: &Arc<Contents>) -> Option<Arc<Chunked>> {
+    pub(crate) fn peek(&self, tok: &Tokenizer, resource: &Resource, contents: &Arc<Contents>) -> Option<Arc<Chunked>> {
         let key = (Arc::as_ptr(contents) as usize, tok.encoding());
         let mut entries = self.lock();
         let e = entries.get_mut(&key).filter(|e| Arc::ptr_eq(&e.contents, contents) && e.shows(resource))?;
@@ -764,6 +775,19 @@ impl ChunkIndex {
             return c;
         }
         let chunked = Arc::new(self.chunk(tok, resource, contents));
+        self.insert(tok, resource, contents, chunked.clone());
+        chunked
+    }
+
+    /// Chunk size and overlap, in tokens.
+    #[cfg(feature = "redis")]
+    pub(crate) fn params(&self) -> (usize, usize) {
+        (self.chunk_tokens, self.overlap)
+    }
+
+    /// Keeps `chunked` as the chunks of this resource's contents (cut here,
+    /// or by another replica and checked against the same head).
+    pub(crate) fn insert(&self, tok: &Tokenizer, resource: &Resource, contents: &Arc<Contents>, chunked: Arc<Chunked>) {
         let now = USE_CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut entries = self.lock();
         if entries.len() >= INDEX_LIMIT {
@@ -776,8 +800,7 @@ impl ChunkIndex {
         }
         let meta = (resource.name.clone(), resource.title.clone(), resource.mime_type.clone());
         let key = (Arc::as_ptr(contents) as usize, tok.encoding());
-        entries.insert(key, Entry { contents: contents.clone(), meta, chunked: chunked.clone(), used: now });
-        chunked
+        entries.insert(key, Entry { contents: contents.clone(), meta, chunked, used: now });
     }
 
     /// Cuts one resource (CPU-bound): the body is encoded once, and both

@@ -21,6 +21,9 @@ pub struct SharedCacheReport {
     /// Resources of this request answered from Redis (another replica's
     /// read) instead of their server.
     pub hits: usize,
+    /// Resources of this request whose token counts (and chunks, in
+    /// relevance mode) came from Redis, computed by another replica.
+    pub derived: usize,
 }
 
 /// The state of the shared cache of one process, for `/metrics`.
@@ -34,6 +37,11 @@ pub struct SharedCacheStatus {
     pub error: Option<String>,
     /// Reads answered from Redis instead of the MCP server.
     pub hits: u64,
+    /// Token counts and chunks computed by another replica and used here
+    /// instead of tokenising again (one per resource).
+    pub derived_hits: u64,
+    /// Token counts and chunks this replica stored for the others.
+    pub derived_stored: u64,
     /// Commands that failed or timed out.
     pub errors: u64,
     /// Invalidations this replica published (changes it learnt of itself).

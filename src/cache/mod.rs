@@ -72,8 +72,20 @@ pub(crate) struct CachedRead {
     pub(crate) contents: Arc<Contents>,
     /// The last good content, served because a re-read failed.
     pub(crate) stale: bool,
-    /// Read from the shared cache (another replica's read), not the server.
-    pub(crate) shared: bool,
+    pub(crate) origin: Origin,
+}
+
+/// Where a read's contents came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// This process: its cache, or a read of the server that no other
+    /// replica shares.
+    Local,
+    /// The server, through the shared layer: the answer was offered to the
+    /// other replicas (stored in Redis if it could be).
+    Offered,
+    /// The shared cache: another replica's read.
+    Shared,
 }
 
 /// The cached answers for one resource: the shared one, and `private`
@@ -108,8 +120,8 @@ struct Entry {
     epoch: u64,
 }
 
-/// A read in flight: the contents, and whether they came from the shared cache.
-type Flight = Shared<BoxFuture<'static, std::result::Result<(Arc<Contents>, bool), Arc<Error>>>>;
+/// A read in flight: the contents, and where they came from.
+type Flight = Shared<BoxFuture<'static, std::result::Result<(Arc<Contents>, Origin), Arc<Error>>>>;
 
 #[derive(Default)]
 struct State {
@@ -253,6 +265,36 @@ impl ContentCache {
         return self.shared.as_ref().map(|s| match **s {});
     }
 
+    /// Derived-data records (`context::derived`) kept in the shared cache
+    /// next to these resources' contents, read as `user` (`true`: the
+    /// contents are private); `None` where there is none, or no shared cache.
+    #[cfg(feature = "redis")]
+    pub(crate) async fn derived(&self, wanted: &[(&ResourceId, bool)], user: &str, name: &str) -> Vec<Option<Vec<u8>>> {
+        match &self.shared {
+            Some(sh) => sh.derived(wanted, user, name).await,
+            None => vec![None; wanted.len()],
+        }
+    }
+
+    /// Stores derived-data records next to their contents in the shared
+    /// cache, in the background (a request never waits for it).
+    #[cfg(feature = "redis")]
+    pub(crate) fn store_derived(&self, records: Vec<(ResourceId, bool, Vec<u8>)>, user: String, name: String) {
+        if let Some(sh) = self.shared.clone()
+            && !records.is_empty()
+        {
+            tokio::spawn(async move { sh.store_derived(&records, &user, &name).await });
+        }
+    }
+
+    /// Counts records another replica computed that this one used.
+    #[cfg(feature = "redis")]
+    pub(crate) fn derived_used(&self, n: usize) {
+        if let Some(sh) = &self.shared {
+            sh.derived_used(n);
+        }
+    }
+
     /// Number of cached entries (shared and private).
     pub(crate) fn len(&self) -> usize {
         lock(&self.state).entries.values().map(|s| usize::from(s.shared.is_some()) + s.private_len()).sum()
@@ -280,7 +322,7 @@ impl ContentCache {
                 if let Some(t) = e.expires {
                     expires = Some(expires.map_or(t, |x| x.min(t)));
                 }
-                Some(CachedRead { contents: e.contents.clone(), stale: false, shared: false })
+                Some(CachedRead { contents: e.contents.clone(), stale: false, origin: Origin::Local })
             })
             .collect();
         Hits { reads, version: s.version, expires }
@@ -302,7 +344,7 @@ impl ContentCache {
             if enabled
                 && let Some(e) = slot.and_then(|slot| slot.for_user(user)).filter(|e| self.fresh(e, &id.server, now))
             {
-                return Ok(CachedRead { contents: e.contents.clone(), stale: false, shared: false });
+                return Ok(CachedRead { contents: e.contents.clone(), stale: false, origin: Origin::Local });
             }
             let stale =
                 if serve_stale { slot.and_then(|slot| slot.for_user(user)).map(|e| e.contents.clone()) } else { None };
@@ -318,7 +360,7 @@ impl ContentCache {
         };
         // A failed read serves the last good content where allowed.
         let or_stale = |e: Error| match stale_candidate {
-            Some(contents) => Ok(CachedRead { contents, stale: true, shared: false }),
+            Some(contents) => Ok(CachedRead { contents, stale: true, origin: Origin::Local }),
             None => Err(e),
         };
         match flight.await {
@@ -326,10 +368,10 @@ impl ContentCache {
             // joined the flight reads for themselves (not cached for them
             // here; their next request caches its own).
             Ok((c, _)) if c.private && initiator != user => match self.hub.read(id).await {
-                Ok(own) => Ok(CachedRead { contents: Arc::new(own), stale: false, shared: false }),
+                Ok(own) => Ok(CachedRead { contents: Arc::new(own), stale: false, origin: Origin::Local }),
                 Err(e) => or_stale(e),
             },
-            Ok((c, shared)) => Ok(CachedRead { contents: c, stale: false, shared }),
+            Ok((c, origin)) => Ok(CachedRead { contents: c, stale: false, origin }),
             Err(e) => or_stale(e.duplicate()),
         }
     }
@@ -397,7 +439,12 @@ impl ContentCache {
                     }
                 });
             }
-            Ok((contents, remaining.is_some()))
+            let origin = match (&shared, remaining) {
+                (None, _) => Origin::Local,
+                (Some(_), None) => Origin::Offered,
+                (Some(_), Some(_)) => Origin::Shared,
+            };
+            Ok((contents, origin))
         }
         .boxed()
         .shared()

@@ -43,6 +43,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::cause::redact_url;
 use crate::config::{CacheSettings, Config, Transport};
 use crate::error::{Error, Result};
+use crate::id::ResourceId;
 use crate::report::SharedCacheStatus;
 use crate::resource::Contents;
 
@@ -124,10 +125,14 @@ pub(crate) struct SharedCache {
     health: Mutex<Health>,
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     hits: AtomicU64,
+    /// Derived-data records of other replicas used, and records stored.
+    derived_hits: AtomicU64,
+    derived_stored: AtomicU64,
     errors: AtomicU64,
     sent: AtomicU64,
     received: Arc<AtomicU64>,
     store: redis::Script,
+    store_derived: redis::Script,
     unlock: redis::Script,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -149,6 +154,19 @@ redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
 local life = tonumber(ARGV[4])
 local left = redis.call('PTTL', KEYS[1])
 if left < life then redis.call('PEXPIRE', KEYS[1], life) end
+return 1
+";
+
+/// Stores a derived-data record (`context::derived`) next to its contents:
+/// only while the contents' hash exists (an invalidation deletes both), and
+/// only if it adds something (byte 1 is its kind, bytes 2..33 its head
+/// digest): another head, or chunks where counts alone were stored.
+const STORE_DERIVED: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur and string.sub(cur, 2, 33) == string.sub(ARGV[2], 2, 33)
+  and string.byte(cur, 1) >= string.byte(ARGV[2], 1) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 ";
 
@@ -239,10 +257,13 @@ impl SharedCache {
             health: Mutex::default(),
             waiters: Mutex::default(),
             hits: AtomicU64::new(0),
+            derived_hits: AtomicU64::new(0),
+            derived_stored: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             received: Arc::default(),
             store: redis::Script::new(STORE),
+            store_derived: redis::Script::new(STORE_DERIVED),
             unlock: redis::Script::new(UNLOCK),
             task: Mutex::new(None),
         });
@@ -263,6 +284,8 @@ impl SharedCache {
             up: !down,
             error: if down { h.error.clone().or_else(|| Some("not connected yet".into())) } else { None },
             hits: self.hits.load(Ordering::Relaxed),
+            derived_hits: self.derived_hits.load(Ordering::Relaxed),
+            derived_stored: self.derived_stored.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             invalidations_sent: self.sent.load(Ordering::Relaxed),
             invalidations_received: self.received.load(Ordering::Relaxed),
@@ -282,6 +305,62 @@ impl SharedCache {
 
     fn user_field(user: &str) -> String {
         format!("u:{}", digest(&[user]))
+    }
+
+    /// The field of a derived-data record: next to the public answer, or
+    /// to `user`'s private one (never readable under another user's key).
+    fn derived_field(user: &str, private: bool, name: &str) -> String {
+        let scope = if private { Self::user_field(user) } else { "p".into() };
+        format!("d:{scope}:{name}")
+    }
+
+    /// The derived-data records of these resources (`true`: private
+    /// contents, looked up under `user`), in one round trip.
+    pub(crate) async fn derived(&self, wanted: &[(&ResourceId, bool)], user: &str, name: &str) -> Vec<Option<Vec<u8>>> {
+        let mut out = vec![None; wanted.len()];
+        let mut pipe = redis::pipe();
+        let mut asked = Vec::new();
+        for (i, (id, private)) in wanted.iter().enumerate() {
+            if let Some(k) = self.keys(&id.server, &id.uri) {
+                pipe.cmd("HGET").arg(k.data).arg(Self::derived_field(user, *private, name));
+                asked.push(i);
+            }
+        }
+        if asked.is_empty() {
+            return out;
+        }
+        let mut conn = self.conn.clone();
+        if let Some(values) = self.run("derived lookup", pipe.query_async::<Vec<Option<Vec<u8>>>>(&mut conn)).await {
+            for (i, v) in asked.into_iter().zip(values) {
+                out[i] = v;
+            }
+        }
+        out
+    }
+
+    /// Stores derived-data records (see [`STORE_DERIVED`]), in one round trip.
+    pub(crate) async fn store_derived(&self, records: &[(ResourceId, bool, Vec<u8>)], user: &str, name: &str) {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SCRIPT").arg("LOAD").arg(STORE_DERIVED).ignore();
+        let sha = self.store_derived.get_hash();
+        for (id, private, record) in records {
+            if let Some(k) = self.keys(&id.server, &id.uri) {
+                pipe.cmd("EVALSHA")
+                    .arg(sha)
+                    .arg(1)
+                    .arg(k.data)
+                    .arg(Self::derived_field(user, *private, name))
+                    .arg(record);
+            }
+        }
+        let mut conn = self.conn.clone();
+        if let Some(stored) = self.run("derived store", pipe.query_async::<Vec<i64>>(&mut conn)).await {
+            self.derived_stored.fetch_add(stored.iter().sum::<i64>() as u64, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn derived_used(&self, n: usize) {
+        self.derived_hits.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// Runs one Redis command under the timeout; a failure marks the shared

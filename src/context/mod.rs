@@ -22,7 +22,7 @@ use std::time::Instant;
 use async_openai::types::chat::CreateChatCompletionRequest;
 
 use crate::budget::{DEFAULT_MIN_USEFUL_TOKENS, PackInput, Packed, TokenCache, Tokenizer, pack, pack_in_place};
-use crate::cache::ContentCache;
+use crate::cache::{ContentCache, Origin};
 use crate::config::{Config, ContextSettings, MessageRole};
 use crate::error::{Error, Result};
 use crate::gate::{Admitted, Refusal, admit};
@@ -36,6 +36,47 @@ use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
 use crate::resource::{Contents, Resource};
 use crate::tools::ResourceTools;
 
+#[cfg(feature = "redis")]
+mod derived;
+/// Without the shared cache there is nothing to exchange.
+#[cfg(not(feature = "redis"))]
+mod derived {
+    use std::sync::Arc;
+
+    use crate::budget::{TokenCache, Tokenizer};
+    use crate::cache::{ContentCache, Origin};
+    use crate::id::ResourceId;
+    use crate::relevance::ChunkIndex;
+    use crate::resource::{Contents, Resource};
+
+    pub(crate) struct Exchange;
+
+    type Pairs<'a> = [(&'a Resource, &'a Arc<Contents>)];
+
+    impl Exchange {
+        pub(crate) async fn fetch(
+            _: &ContentCache,
+            _: &ChunkIndex,
+            _: &Tokenizer,
+            _: &[(&Resource, &Arc<Contents>, Origin)],
+            _: &str,
+        ) -> Exchange {
+            Exchange
+        }
+        pub(crate) fn seed(&mut self, _: &Tokenizer, _: &TokenCache, _: &ChunkIndex, _: &Pairs<'_>) -> usize {
+            0
+        }
+        pub(crate) fn export(
+            &self,
+            _: &Tokenizer,
+            _: &TokenCache,
+            _: &ChunkIndex,
+            _: &Pairs<'_>,
+        ) -> Vec<(ResourceId, bool, Vec<u8>)> {
+            Vec::new()
+        }
+    }
+}
 mod memo;
 mod read;
 mod select;
@@ -299,6 +340,7 @@ impl McpContext {
                 up: s.up,
                 error: s.error,
                 hits: 0,
+                derived: 0,
             });
             let total = ms(started.elapsed());
             report.timings = Timings { select_ms: 0.0, read_ms: 0.0, pack_ms: 0.0, total_ms: total };
@@ -347,7 +389,8 @@ impl McpContext {
         report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
             up: s.up,
             error: s.error,
-            hits: reads.iter().filter(|r| r.as_ref().is_ok_and(|c| c.shared)).count(),
+            hits: reads.iter().filter(|r| r.as_ref().is_ok_and(|c| c.origin == Origin::Shared)).count(),
+            derived: 0,
         });
         for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
             if s.restarts > before {
@@ -356,6 +399,7 @@ impl McpContext {
         }
         let t_read = started.elapsed();
         let mut ready = Vec::with_capacity(selected.len());
+        let mut origins = Vec::with_capacity(selected.len());
         let mut stale = std::collections::HashSet::new();
         for (i, (r, got)) in selected.iter().zip(reads).enumerate() {
             match got {
@@ -364,6 +408,7 @@ impl McpContext {
                         stale.insert(r.id.to_string());
                     }
                     ready.push((i, c.contents));
+                    origins.push(c.origin);
                 }
                 Err(e) => Arc::make_mut(&mut report.excluded).push(Excluded {
                     id: r.id.to_string(),
@@ -387,21 +432,33 @@ impl McpContext {
             selection: &selection,
             ready: &ready,
         };
+        let mut derived_used = 0;
         let packed = match self.compositions.find(&inputs) {
             Some(hit) => hit,
             None => {
+                // Token counts and chunks another replica computed for what
+                // came from the shared cache (`derived`).
+                let mut exchange = {
+                    let candidates: Vec<_> =
+                        ready.iter().zip(&origins).map(|((i, c), o)| (&*selection.resources[*i], c, *o)).collect();
+                    derived::Exchange::fetch(&self.cache, &self.chunks, &tok, &candidates, &req.user).await
+                };
                 let preamble = preamble.to_owned();
                 let cache = self.tokens.clone();
                 let compositions = self.compositions.clone();
                 let selection = selection.clone();
                 let index = self.chunks.clone();
                 let forced = req.selection.is_some();
-                tokio::task::spawn_blocking(move || {
+                let (composed, used, offered) = tokio::task::spawn_blocking(move || {
                     let items: Vec<Candidate<'_>> = ready
                         .iter()
                         .map(|(i, c)| Candidate { resource: &selection.resources[*i], contents: c, forced })
                         .collect();
+                    let pairs: Vec<_> = items.iter().map(|c| (c.resource, c.contents)).collect();
+                    let used = exchange.seed(&tok, &cache, &index, &pairs);
                     let c = compose_with_mode(&tok, &cache, &index, &preamble, budget, &items, mode, query.as_ref());
+                    let offered = (exchange.export(&tok, &cache, &index, &pairs), exchange);
+                    drop(pairs);
                     let composed =
                         Arc::new(Composed { mode: c.mode, warnings: c.warnings, ..Composed::from(c.composition) });
                     drop(items);
@@ -417,12 +474,25 @@ impl McpContext {
                         },
                         composed.clone(),
                     );
-                    composed
+                    (composed, used, offered)
                 })
                 .await
-                .map_err(|e| Error::Other(format!("packing failed: {e}")))?
+                .map_err(|e| Error::Other(format!("packing failed: {e}")))?;
+                derived_used = used;
+                #[cfg(feature = "redis")]
+                {
+                    let (records, exchange) = offered;
+                    self.cache.derived_used(used);
+                    self.cache.store_derived(records, req.user.clone(), exchange.name().to_owned());
+                }
+                #[cfg(not(feature = "redis"))]
+                let _ = offered;
+                composed
             }
         };
+        if let Some(s) = &mut report.shared_cache {
+            s.derived = derived_used;
+        }
         Arc::make_mut(&mut report.excluded).extend(packed.dropped.iter().cloned());
         report.mode = any_read.then_some(packed.mode);
         report.warnings.extend(packed.warnings.iter().cloned());

@@ -27,11 +27,12 @@ pub struct Metrics {
     policy_reloads: Family<Labels, Counter>,
     shared_up: Gauge,
     shared_hits: Counter,
+    shared_derived: Family<Labels, Counter>,
     shared_errors: Counter,
     shared_invalidations: Family<Labels, Counter>,
     /// The shared cache's totals at the last scrape (its counters are the
     /// engine's; these turn them into increments).
-    shared_last: std::sync::Mutex<[u64; 4]>,
+    shared_last: std::sync::Mutex<[u64; 6]>,
 }
 
 fn latency_buckets() -> Histogram {
@@ -82,6 +83,13 @@ impl Metrics {
             "Reads answered from the shared cache instead of the MCP server",
             shared_hits.clone(),
         );
+        let shared_derived = Family::<Labels, Counter>::default();
+        registry.register(
+            "shared_cache_derived",
+            "Token counts and chunks (one record per resource) used from other replicas (outcome=used) instead of \
+             tokenising again, or stored for them (outcome=stored)",
+            shared_derived.clone(),
+        );
         let shared_errors = Counter::default();
         registry.register(
             "shared_cache_errors",
@@ -97,6 +105,7 @@ impl Metrics {
         Self {
             shared_up,
             shared_hits,
+            shared_derived,
             shared_errors,
             shared_invalidations,
             shared_last: std::sync::Mutex::default(),
@@ -146,13 +155,16 @@ impl Metrics {
         }
         if let Some(s) = shared {
             self.shared_up.set(i64::from(s.up));
-            let now = [s.hits, s.errors, s.invalidations_sent, s.invalidations_received];
+            let now =
+                [s.hits, s.errors, s.invalidations_sent, s.invalidations_received, s.derived_hits, s.derived_stored];
             let mut last = self.shared_last.lock().unwrap_or_else(|p| p.into_inner());
             let d: Vec<u64> = now.iter().zip(last.iter()).map(|(n, l)| n.saturating_sub(*l)).collect();
             self.shared_hits.inc_by(d[0]);
             self.shared_errors.inc_by(d[1]);
             self.shared_invalidations.get_or_create(&vec![("origin", "local".to_owned())]).inc_by(d[2]);
             self.shared_invalidations.get_or_create(&vec![("origin", "remote".to_owned())]).inc_by(d[3]);
+            self.shared_derived.get_or_create(&vec![("outcome", "used".to_owned())]).inc_by(d[4]);
+            self.shared_derived.get_or_create(&vec![("outcome", "stored".to_owned())]).inc_by(d[5]);
             *last = now;
         }
         let mut out = String::new();

@@ -92,7 +92,10 @@ async fn ask(proxy: &Proxy, up: &Upstream, user: &str, text: &str) -> String {
 
 async fn metric(proxy: &Proxy, name: &str) -> f64 {
     let text = http().get(format!("{}/metrics", proxy.url)).send().await.unwrap().text().await.unwrap();
-    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    let values: Vec<f64> =
+        text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse().ok()).collect();
+    assert!(!values.is_empty(), "no {name} in /metrics of {}:\n{text}", proxy.url);
+    values.iter().sum()
 }
 
 /// The HTTP fixture serving only `fx://live` (`dir`/live.txt, starting as
@@ -213,8 +216,69 @@ async fn a_private_answer_is_never_served_to_another_user_on_any_replica() {
         prefix.keys(&mut redis).into_iter().filter(|k| k.starts_with(&format!("{}c:", prefix.prefix))).collect();
     assert_eq!(data.len(), 1, "{data:?}");
     let fields: Vec<String> = redis::cmd("HKEYS").arg(&data[0]).query(&mut redis).unwrap();
-    assert_eq!(fields.len(), 2, "{fields:?}");
-    assert!(fields.iter().all(|f| f.starts_with("u:")), "no public entry: {fields:?}");
+    assert_eq!(fields.iter().filter(|f| f.starts_with("u:")).count(), 2, "{fields:?}");
+    // Token counts of private contents are private too (`d:u:…`).
+    assert!(fields.iter().all(|f| f.starts_with("u:") || f.starts_with("d:u:")), "no public entry: {fields:?}");
+}
+
+/// What a replica computed from shared contents (token counts, chunks and
+/// their terms) is stored next to them, and another replica uses it instead
+/// of tokenising again, with a byte-identical result; a record that was not
+/// computed from the same block is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn token_counts_and_chunks_are_computed_once_for_all_replicas() {
+    let Some(mut redis) = redis_or_skip("token_counts_and_chunks_are_computed_once_for_all_replicas") else {
+        return;
+    };
+    let url = redis_url();
+    let prefix = Prefix::new(&url);
+    // 40 documents of ~150 tokens: far over the 4000-token budget, so
+    // `auto` ranks chunks (relevance mode).
+    let (mcp, fixture, _stop) = http_fixture(Options { n: 40, size: 2400, ..Options::default() }).await;
+    let up = Upstream::start().await;
+    let question = "which notes share the gamma sync";
+    const USED: &str = "mcp_context_shared_cache_derived_total{outcome=\"used\"}";
+    const STORED: &str = "mcp_context_shared_cache_derived_total{outcome=\"stored\"}";
+
+    let first = start(1, &mcp, &url, &prefix.prefix, &up.base).await;
+    let a = ask(&first[0], &up, "alice", question).await;
+    assert!(a.contains("omitted"), "chunks were ranked, not whole documents: {a}");
+    assert_eq!(fixture.reads.load(Ordering::SeqCst), 40);
+    // Stored in the background, one record per document, public.
+    assert!(eventually(async || metric(&first[0], STORED).await == 40.0).await, "40 records stored");
+    let data: Vec<String> =
+        prefix.keys(&mut redis).into_iter().filter(|k| k.starts_with(&format!("{}c:", prefix.prefix))).collect();
+    assert_eq!(data.len(), 40);
+    for k in &data {
+        let fields: Vec<String> = redis::cmd("HKEYS").arg(k).query(&mut redis).unwrap();
+        assert!(fields.iter().any(|f| f.starts_with("d:p:")), "{k}: {fields:?}");
+    }
+
+    // A second replica: contents and derived data from Redis, the same message.
+    let second = start(1, &mcp, &url, &prefix.prefix, &up.base).await;
+    let b = ask(&second[0], &up, "alice", question).await;
+    assert_eq!(a, b, "byte-identical across replicas");
+    assert_eq!(fixture.reads.load(Ordering::SeqCst), 40, "no MCP read");
+    assert_eq!(metric(&second[0], USED).await, 40.0);
+
+    // One document's record replaced by another's: computed from another
+    // block, so it is ignored and that document is chunked again.
+    let field = |k: &str, redis: &mut redis::Connection| -> String {
+        let fields: Vec<String> = redis::cmd("HKEYS").arg(k).query(redis).unwrap();
+        fields.into_iter().find(|f| f.starts_with("d:p:")).unwrap()
+    };
+    let (f0, f1) = (field(&data[0], &mut redis), field(&data[1], &mut redis));
+    let other: Vec<u8> = redis::cmd("HGET").arg(&data[0]).arg(&f0).query(&mut redis).unwrap();
+    let _: () = redis::cmd("HSET").arg(&data[1]).arg(&f1).arg(other).query(&mut redis).unwrap();
+    let third = start(1, &mcp, &url, &prefix.prefix, &up.base).await;
+    let c = ask(&third[0], &up, "alice", question).await;
+    assert_eq!(a, c, "byte-identical with one document chunked locally");
+    assert_eq!(metric(&third[0], USED).await, 39.0);
+    // ... and its own record put in place of the wrong one.
+    assert!(eventually(async || metric(&third[0], STORED).await == 1.0).await, "the wrong record replaced");
+    let back: Vec<u8> = redis::cmd("HGET").arg(&data[1]).arg(&f1).query(&mut redis).unwrap();
+    let theirs: Vec<u8> = redis::cmd("HGET").arg(&data[0]).arg(&f0).query(&mut redis).unwrap();
+    assert_ne!(back, theirs);
 }
 
 /// A Redis of the test's own on a free port, so it can be killed.
