@@ -38,7 +38,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List every resource the configured servers offer.
+    /// List every resource the configured servers offer (with -v/--verbose,
+    /// also each server's negotiated protocol revision and counts).
     List {
         /// Only this server.
         #[arg(long)]
@@ -208,7 +209,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::List { server, json } => {
             let config = only_server(config, server.as_deref())?;
-            with_hub(&config, |hub| async move { list(&hub, server.as_deref(), json) }).await
+            let verbose = cli.verbose > 0;
+            with_hub(&config, |hub| async move { list(&hub, server.as_deref(), json, verbose) }).await
         }
         Command::Read { id } => {
             let id = ResourceId::parse(&id)?;
@@ -439,7 +441,9 @@ async fn signalled() -> ExitCode {
     }
 }
 
-fn list(hub: &Hub, server: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
+/// `verbose` (the global `-v`/`--verbose`) adds a `Servers:` section to the
+/// text form: the negotiated revision, which the JSON form always has.
+fn list(hub: &Hub, server: Option<&str>, json: bool, verbose: bool) -> anyhow::Result<ExitCode> {
     let resources = hub.resources();
     let mut out = std::io::stdout().lock();
     if json {
@@ -470,5 +474,35 @@ fn list(hub: &Hub, server: Option<&str>, json: bool) -> anyhow::Result<ExitCode>
             writeln!(out)?;
         }
     }
+    if verbose {
+        writeln!(out, "\nServers:")?;
+        for s in hub.status().into_iter().filter(|s| server.is_none_or(|n| s.name == n)) {
+            write!(out, "{}", server_line(&s))?;
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One server in `list --verbose`, e.g.
+/// `- docs: protocol 2026-07-28, 12 resources, 0 templates`.
+fn server_line(s: &mcp_context::ServerStatus) -> String {
+    let clean = |t: &str| t.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>();
+    let mut line = format!("- {}: ", s.name);
+    match (&s.protocol, s.connected) {
+        (Some(p), true) => line.push_str(&format!("protocol {}", clean(p))),
+        (Some(p), false) => line.push_str(&format!("not connected (last protocol {})", clean(p))),
+        (None, _) => line.push_str("not connected"),
+    }
+    line.push_str(&format!(", {} resources, {} templates", s.resources, s.templates));
+    if !s.listing_complete {
+        line.push_str(", listing incomplete");
+    }
+    if s.restarts > 0 {
+        line.push_str(&format!(", {} restarts", s.restarts));
+    }
+    if let Some(problem) = &s.problem {
+        line.push_str(&format!(": {}", clean(problem)));
+    }
+    line.push('\n');
+    line
 }

@@ -259,7 +259,7 @@ async fn a_silent_server_costs_its_timeout_under_auto() {
     hub.close().await;
 }
 
-/// The negotiated revision in `list --json` and in the report.
+/// The negotiated revision in `list --json`, `list --verbose` and in the report.
 #[tokio::test]
 async fn the_negotiated_revision_is_shown() {
     let t = tag();
@@ -278,6 +278,27 @@ async fn the_negotiated_revision_is_shown() {
     let protocol = |name: &str| servers.iter().find(|s| s["name"] == name).map(|s| s["protocol"].clone());
     assert_eq!(protocol("new"), Some("2026-07-28".into()), "{json}");
     assert_eq!(protocol("old"), Some("2025-11-25".into()), "{json}");
+
+    // `list --verbose`: the same in the text form, one line a server.
+    let out = std::process::Command::new(MCP_CONTEXT)
+        .args(["--config", path.to_str().unwrap(), "list", "--verbose"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let servers = text.split("\nServers:\n").nth(1).unwrap_or_else(|| panic!("no Servers: section in {text}"));
+    assert_eq!(
+        servers.lines().collect::<Vec<_>>(),
+        [
+            "- new: protocol 2026-07-28, 1 resources, 1 templates",
+            "- old: protocol 2025-11-25, 1 resources, 1 templates"
+        ],
+        "{text}"
+    );
+    // Without it, the text form is the listing alone.
+    let out =
+        std::process::Command::new(MCP_CONTEXT).args(["--config", path.to_str().unwrap(), "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("Servers:"));
 
     // The report's server section, in `preview --json` and its table.
     let out = std::process::Command::new(MCP_CONTEXT)

@@ -1,8 +1,10 @@
-//! Interop with a server built on the official Python SDK (`mcp` 2.x,
-//! tests/python-mcp/server.py, in the venv target/py-mcp that .ci/run
-//! creates), on 2026-07-28 (what `auto` negotiates with it) and forced to
-//! 2025-11-25 (the same server, our side pinned): the scenario of
-//! `protocol::exercise`.
+//! Interop with servers built on the official SDKs, on 2026-07-28 (what
+//! `auto` negotiates with them) and forced to 2025-11-25 (the same server,
+//! our side pinned): the scenario of `protocol::exercise`. The Python SDK
+//! (`mcp` 2.x, tests/python-mcp/server.py, in the venv target/py-mcp that
+//! .ci/run creates) and the TypeScript SDK v2 (`@modelcontextprotocol/server`,
+//! tests/node/ts-server.mjs, in tests/node/node_modules that .ci/run
+//! installs with `npm ci`).
 
 use std::path::{Path, PathBuf};
 
@@ -68,4 +70,77 @@ async fn python_sdk_server_forced_to_2025_11_25() {
     let (t, dir) = (tag(), tempfile::tempdir().unwrap());
     exercise(&python_sut(py, &t, dir.path(), Some("2025-11-25"), "2025-11-25"), "python sdk, 2025").await;
     assert!(read_log(&dir.path().join("reads.log")).iter().any(|l| l == "subscribe fx://live"));
+}
+
+/// `node` and the TypeScript SDK v2 in tests/node/node_modules.
+fn node_sdk() -> Option<PathBuf> {
+    let sdk = Path::new(ROOT).join("tests/node/node_modules/@modelcontextprotocol/server/package.json");
+    let node = std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
+    (node && sdk.exists()).then(|| Path::new(ROOT).join("tests/node/ts-server.mjs"))
+}
+
+const NO_NODE_SDK: &str =
+    "node or tests/node/node_modules/@modelcontextprotocol/server missing (run `npm ci --prefix tests/node`)";
+
+fn ts_sut(script: PathBuf, t: &str, dir: &Path, protocol: Option<&'static str>, expect: &'static str) -> Sut {
+    let log = dir.join("reads.log");
+    let live = dir.join("live.txt");
+    std::fs::write(&live, "version one").unwrap();
+    let (t, l, v) = (t.to_owned(), log.clone(), live.clone());
+    Sut {
+        yaml: Box::new(move |extra: &[&str]| {
+            let mut args: Vec<String> = vec![script.to_str().unwrap().into(), "--n".into(), "5".into()];
+            for a in ["--record", l.to_str().unwrap(), "--live", v.to_str().unwrap()].iter().chain(extra) {
+                args.push((*a).to_owned());
+            }
+            let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+            let mut yaml = format!(
+                "  s:\n    command: node\n    args: [{}]\n    env: {{ MCP_TEST_TAG: {t:?} }}\n    timeout_ms: 20000\n",
+                args.join(", ")
+            );
+            if let Some(p) = protocol {
+                yaml.push_str(&format!("    protocol: {p:?}\n"));
+            }
+            yaml
+        }),
+        log,
+        live,
+        ttl_args: vec!["--read-ttl-ms".into(), "300".into()],
+        private_args: vec!["--private".into()],
+        list_args: vec![],
+        expect_protocol: expect,
+        // 5 docs, fx://live, fx://blob, over pages of 2.
+        resources: 7,
+        // The TypeScript SDK passes the hints a handler returns on both
+        // revisions (its 2025 codec only leaves out the defaults it fills in
+        // for 2026-07-28), so the hint parts apply to both.
+        hints: true,
+    }
+}
+
+#[tokio::test]
+async fn typescript_sdk_server_on_2026_07_28_under_auto() {
+    let Some(script) = node_sdk() else {
+        return skip("typescript_sdk_server_on_2026_07_28_under_auto", NO_NODE_SDK);
+    };
+    let (t, dir) = (tag(), tempfile::tempdir().unwrap());
+    exercise(&ts_sut(script, &t, dir.path(), None, "2026-07-28"), "typescript sdk, auto").await;
+    let log = read_log(&dir.path().join("reads.log"));
+    assert!(
+        log.iter().any(|l| l.starts_with("listen ") && l.contains("fx://live")),
+        "listen covers fx://live: {log:?}"
+    );
+    assert!(!log.iter().any(|l| l.starts_with("subscribe ")), "{log:?}");
+}
+
+#[tokio::test]
+async fn typescript_sdk_server_forced_to_2025_11_25() {
+    let Some(script) = node_sdk() else {
+        return skip("typescript_sdk_server_forced_to_2025_11_25", NO_NODE_SDK);
+    };
+    let (t, dir) = (tag(), tempfile::tempdir().unwrap());
+    exercise(&ts_sut(script, &t, dir.path(), Some("2025-11-25"), "2025-11-25"), "typescript sdk, 2025").await;
+    let log = read_log(&dir.path().join("reads.log"));
+    assert!(log.iter().any(|l| l == "subscribe fx://live"), "{log:?}");
+    assert!(!log.iter().any(|l| l.starts_with("listen")), "{log:?}");
 }
