@@ -885,3 +885,19 @@ proptest! {
         }
     }
 }
+
+/// Rule sets are compiled together after the whole policy is read (on every
+/// core): one too large to compile is still a load error, located at its
+/// `allow:` key and named, and a valid role beside it does not hide it.
+#[test]
+fn a_rule_set_too_large_to_compile_is_a_located_load_error() {
+    let glob = format!("kb://{}", "[!a]*".repeat(40));
+    let rules: String = (0..3000).map(|i| format!("      - {{ uri: \"{glob}{i}\" }}\n")).collect();
+    let src = format!("roles:\n  fine:\n    allow: [ {{ uri: \"kb://**\" }} ]\n  huge:\n    allow:\n{rules}");
+    let Err(e) = Policy::from_yaml(&src, Path::new("bad.yaml")) else {
+        panic!("a 3000-rule set of 40 classes each loaded")
+    };
+    let (line, column, message, _) = err_of(e);
+    assert_eq!((line, column), (Some(5), Some(5)), "{message}");
+    assert!(message.starts_with("role huge allow: these rules are too many or too complex"), "{message}");
+}
