@@ -3,7 +3,7 @@
 //! every reference (roles named by users and `default_roles` exist), and
 //! compiling the rules into their [`RuleSet`]s.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -93,8 +93,6 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
     let mut roles_complete = true;
     let mut servers = Index::default();
     let mut names: HashSet<Arc<str>> = HashSet::new();
-    // Where each role's and user's rule sets are reported, for compile_all.
-    let mut origins: HashMap<(&str, String), [Origin; 2]> = HashMap::new();
     for (i, (path, text)) in files.iter().enumerate() {
         let Some((root, raw)) = parse_file(i, text, &mut found) else {
             roles_complete = false;
@@ -150,10 +148,7 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
         drop(root);
         for (section, name, (allow, deny, max, include, member_of), lines) in todo {
             let owner = Owner { path, file: i, section, name: &name, lines };
-            let grant = Arc::new(owner.grant(allow, deny, max, include, &mut servers));
-            if grant.allow.pending() + grant.deny.pending() > 0 {
-                origins.insert((section, name.clone()), [owner.origin(Effect::Allow), owner.origin(Effect::Deny)]);
-            }
+            let grant = Arc::new(owner.grant(allow, deny, max, include, &mut servers, &mut found));
             if section == "roles" {
                 roles.insert(name, (grant, i));
             } else {
@@ -161,23 +156,6 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
                 users.insert(name, (UserEntry { roles: member_of, own: grant }, i));
             }
         }
-    }
-
-    // The rule sets' general globs, compiled together on every core.
-    let mut sets = Vec::new();
-    let grants = roles
-        .iter_mut()
-        .map(|(name, (g, _))| (("roles", name), g))
-        .chain(users.iter_mut().map(|(name, (u, _))| (("users", name), &mut u.own)));
-    for ((section, name), grant) in grants {
-        let Some([allow, deny]) = origins.remove(&(section, name.clone())) else { continue };
-        // Made in this function and not handed out yet: never shared here.
-        let grant = Arc::get_mut(grant).expect("a grant is not shared while the policy loads");
-        sets.push((&mut grant.allow, allow));
-        sets.push((&mut grant.deny, deny));
-    }
-    for (file, pos, message) in compile_all(sets) {
-        found.add(file, pos, message);
     }
 
     // Every role referenced must exist: a typo must not silently grant nothing
@@ -302,18 +280,19 @@ impl Owner<'_> {
         max: Option<Lenient<MaxTokens>>,
         include: Vec<Lenient<Include>>,
         servers: &mut Index,
+        found: &mut Found,
     ) -> Grant {
         Grant {
-            allow: self.rules(allow, Effect::Allow, servers),
-            deny: self.rules(deny, Effect::Deny, servers),
+            allow: self.rules(allow, Effect::Allow, servers, found),
+            deny: self.rules(deny, Effect::Deny, servers, found),
             max_tokens: max.and_then(|m| m.0).map(|m| m.0),
             includes: include.into_iter().filter_map(|i| i.0).collect(),
             ..Grant::default()
         }
     }
 
-    /// The rule set, its general globs not compiled yet ([`compile_all`]).
-    fn rules(&self, raw: Vec<Lenient<RawRule>>, effect: Effect, servers: &mut Index) -> RuleSet {
+    fn rules(&self, raw: Vec<Lenient<RawRule>>, effect: Effect, servers: &mut Index, found: &mut Found) -> RuleSet {
+        let key = effect.to_string();
         let owner = format!("{} {}", &self.section[..self.section.len() - 1], self.name);
         let mut rules = Vec::with_capacity(raw.len());
         rules.extend(raw.into_iter().enumerate().filter_map(|(index, r)| Some((index, r.0?))).map(|(index, r)| {
@@ -334,49 +313,12 @@ impl Owner<'_> {
                 reference,
             }
         }));
-        RuleSet::new(rules, servers)
+        RuleSet::new(rules, servers).unwrap_or_else(|e| {
+            let at = self.lines.keys[effect as usize];
+            found.add(self.file, at, format!("{owner} {key}: {e}"));
+            RuleSet::default()
+        })
     }
-
-    /// Where a problem compiling its `effect` rules is reported, and how
-    /// they are named there.
-    fn origin(&self, effect: Effect) -> Origin {
-        let owner = format!("{} {}", &self.section[..self.section.len() - 1], self.name);
-        (self.file, self.lines.keys[effect as usize], format!("{owner} {effect}"))
-    }
-}
-
-/// A rule set's file, position and name, for a problem compiling it.
-type Origin = (usize, Option<Pos>, String);
-
-/// Compiles every rule set's general globs, on every core (a third of
-/// loading a large policy: 29% of its instructions at 10k rules), in sets
-/// of about equal work; returns the problems, located.
-fn compile_all(mut sets: Vec<(&mut RuleSet, Origin)>) -> Vec<Origin> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
-    // The largest first, each to the least loaded worker.
-    sets.sort_by_key(|(s, _)| std::cmp::Reverse(s.pending()));
-    let mut work: Vec<(usize, Vec<(&mut RuleSet, Origin)>)> = (0..threads).map(|_| (0, Vec::new())).collect();
-    for (set, origin) in sets {
-        let least = work.iter_mut().min_by_key(|(load, _)| *load).expect("at least one worker");
-        least.0 += set.pending().max(1);
-        least.1.push((set, origin));
-    }
-    let run = |part: Vec<(&mut RuleSet, Origin)>| -> Vec<Origin> {
-        part.into_iter()
-            .filter_map(|(set, (file, pos, name))| set.compile().err().map(|e| (file, pos, format!("{name}: {e}"))))
-            .collect()
-    };
-    let mut parts = work.into_iter().map(|(_, part)| part);
-    let mine = parts.next().unwrap_or_default();
-    std::thread::scope(|s| {
-        let others: Vec<_> = parts.filter(|p| !p.is_empty()).map(|part| s.spawn(move || run(part))).collect();
-        let mut problems = run(mine);
-        for h in others {
-            // A panic while compiling is a bug; it goes on panicking here.
-            problems.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-        }
-        problems
-    })
 }
 
 /// The rule as written: the fields given, in a fixed order, quoted.

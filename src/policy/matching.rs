@@ -110,9 +110,6 @@ pub(super) struct RuleSet {
     pub(super) glob_server: Vec<u32>,
     /// Per [`Field`]: the rules' general globs in one set.
     pub(super) sets: [Option<FieldSet>; FIELDS],
-    /// The general globs gathered by [`RuleSet::new`], by field, until
-    /// [`RuleSet::compile`] turns them into `sets`.
-    pending: Vec<(usize, Vec<Glob>, Vec<u32>)>,
 }
 
 /// A field's general globs, compiled together.
@@ -285,9 +282,7 @@ impl Index {
 }
 
 impl RuleSet {
-    /// The rule set, indexed; its general globs are compiled apart
-    /// ([`RuleSet::compile`]), so that loading can compile many sets at once.
-    pub(super) fn new(rules: Vec<Rule>, servers: &mut Index) -> Self {
+    pub(super) fn new(rules: Vec<Rule>, servers: &mut Index) -> std::result::Result<Self, String> {
         let mut set = RuleSet { rules, ..RuleSet::default() };
         let mut builders: [Option<(Vec<Glob>, Vec<u32>)>; FIELDS] = Default::default();
         for (i, rule) in set.rules.iter_mut().enumerate() {
@@ -320,31 +315,15 @@ impl RuleSet {
             rule.shared = shared;
         }
         set.by_server.sort_unstable();
-        set.pending = builders
-            .into_iter()
-            .enumerate()
-            .filter_map(|(field, built)| built.map(|(globs, rule_of)| (field, globs, rule_of)))
-            .collect();
-        set
-    }
-
-    /// Globs waiting for [`RuleSet::compile`] (what compiling them costs, roughly).
-    pub(super) fn pending(&self) -> usize {
-        self.pending.iter().map(|(_, globs, _)| globs.len()).sum()
-    }
-
-    /// Compiles the general globs gathered by [`RuleSet::new`] (CPU-bound:
-    /// a third of loading a large policy, which runs these on every core).
-    pub(super) fn compile(&mut self) -> std::result::Result<(), String> {
-        for (field, globs, rule_of) in std::mem::take(&mut self.pending) {
-            let set = GlobsRegex::build(&globs).map_err(|e| {
-                format!(
-                    "these rules are too many or too complex to compile together ({e}); split them over several roles"
-                )
-            })?;
-            self.sets[field] = Some(FieldSet { set, rule_of });
+        for (slot, built) in set.sets.iter_mut().zip(builders) {
+            if let Some((builder, rule_of)) = built {
+                let globs = GlobsRegex::build(&builder).map_err(|e| {
+                    format!("these rules are too many or too complex to compile together ({e}); split them over several roles")
+                })?;
+                *slot = Some(FieldSet { set: globs, rule_of });
+            }
         }
-        Ok(())
+        Ok(set)
     }
 
     pub(super) fn len(&self) -> usize {
