@@ -126,11 +126,17 @@ pub async fn exercise(sut: &Sut, what: &str) {
     ctx.close().await;
 }
 
-/// The rmcp fixture, one revision.
-fn rmcp_sut(t: &str, dir: &Path, protocol: Option<&'static str>, expect: &'static str) -> Sut {
-    let log = dir.join("reads.log");
+/// A server's read log and live page in `dir` (the page starting as
+/// "version one").
+pub fn live_files(dir: &Path) -> (PathBuf, PathBuf) {
     let live = dir.join("live.txt");
     std::fs::write(&live, "version one").unwrap();
+    (dir.join("reads.log"), live)
+}
+
+/// The rmcp fixture, one revision.
+fn rmcp_sut(t: &str, dir: &Path, protocol: Option<&'static str>, expect: &'static str) -> Sut {
+    let (log, live) = live_files(dir);
     let (t, l, v) = (t.to_owned(), log.clone(), live.clone());
     Sut {
         yaml: Box::new(move |extra: &[&str]| {

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
-use crate::protocol::{Sut, exercise};
+use crate::protocol::{Sut, exercise, live_files};
 
 fn python() -> Option<PathBuf> {
     let py = Path::new(ROOT).join("target/py-mcp/bin/python");
@@ -17,12 +17,19 @@ fn python() -> Option<PathBuf> {
     ok.then_some(py)
 }
 
-fn python_sut(py: PathBuf, t: &str, dir: &Path, protocol: Option<&'static str>, expect: &'static str) -> Sut {
-    let log = dir.join("reads.log");
-    let live = dir.join("live.txt");
-    std::fs::write(&live, "version one").unwrap();
-    let script = Path::new(ROOT).join("tests/python-mcp/server.py");
-    let (t, l, v) = (t.to_owned(), log.clone(), live.clone());
+/// A server script run by `command`, with the arguments both SDK servers
+/// share (tests/python-mcp/server.py and tests/node/ts-server.mjs take the
+/// same ones): 5 docs, fx://live, fx://blob, over pages of 2.
+fn sdk_sut(
+    command: &Path,
+    script: PathBuf,
+    t: &str,
+    dir: &Path,
+    protocol: Option<&'static str>,
+    expect: &'static str,
+) -> Sut {
+    let (log, live) = live_files(dir);
+    let (t, l, v, command) = (t.to_owned(), log.clone(), live.clone(), command.to_owned());
     Sut {
         yaml: Box::new(move |extra: &[&str]| {
             let mut args: Vec<String> = vec![script.to_str().unwrap().into(), "--n".into(), "5".into()];
@@ -32,7 +39,7 @@ fn python_sut(py: PathBuf, t: &str, dir: &Path, protocol: Option<&'static str>, 
             let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
             let mut yaml = format!(
                 "  s:\n    command: {:?}\n    args: [{}]\n    env: {{ MCP_TEST_TAG: {t:?} }}\n    timeout_ms: 20000\n",
-                py.to_str().unwrap(),
+                command.to_str().unwrap(),
                 args.join(", ")
             );
             if let Some(p) = protocol {
@@ -46,10 +53,13 @@ fn python_sut(py: PathBuf, t: &str, dir: &Path, protocol: Option<&'static str>, 
         private_args: vec!["--private".into()],
         list_args: vec![],
         expect_protocol: expect,
-        // 5 docs, fx://live, fx://blob, over pages of 2.
         resources: 7,
         hints: expect == "2026-07-28",
     }
+}
+
+fn python_sut(py: PathBuf, t: &str, dir: &Path, protocol: Option<&'static str>, expect: &'static str) -> Sut {
+    sdk_sut(&py, Path::new(ROOT).join("tests/python-mcp/server.py"), t, dir, protocol, expect)
 }
 
 #[tokio::test]
@@ -83,38 +93,12 @@ const NO_NODE_SDK: &str =
     "node or tests/node/node_modules/@modelcontextprotocol/server missing (run `npm ci --prefix tests/node`)";
 
 fn ts_sut(script: PathBuf, t: &str, dir: &Path, protocol: Option<&'static str>, expect: &'static str) -> Sut {
-    let log = dir.join("reads.log");
-    let live = dir.join("live.txt");
-    std::fs::write(&live, "version one").unwrap();
-    let (t, l, v) = (t.to_owned(), log.clone(), live.clone());
     Sut {
-        yaml: Box::new(move |extra: &[&str]| {
-            let mut args: Vec<String> = vec![script.to_str().unwrap().into(), "--n".into(), "5".into()];
-            for a in ["--record", l.to_str().unwrap(), "--live", v.to_str().unwrap()].iter().chain(extra) {
-                args.push((*a).to_owned());
-            }
-            let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
-            let mut yaml = format!(
-                "  s:\n    command: node\n    args: [{}]\n    env: {{ MCP_TEST_TAG: {t:?} }}\n    timeout_ms: 20000\n",
-                args.join(", ")
-            );
-            if let Some(p) = protocol {
-                yaml.push_str(&format!("    protocol: {p:?}\n"));
-            }
-            yaml
-        }),
-        log,
-        live,
-        ttl_args: vec!["--read-ttl-ms".into(), "300".into()],
-        private_args: vec!["--private".into()],
-        list_args: vec![],
-        expect_protocol: expect,
-        // 5 docs, fx://live, fx://blob, over pages of 2.
-        resources: 7,
         // The TypeScript SDK passes the hints a handler returns on both
         // revisions (its 2025 codec only leaves out the defaults it fills in
         // for 2026-07-28), so the hint parts apply to both.
         hints: true,
+        ..sdk_sut(Path::new("node"), script, t, dir, protocol, expect)
     }
 }
 
