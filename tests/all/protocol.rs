@@ -345,8 +345,10 @@ async fn list_ttl_re_lists_a_server_without_list_changed() {
 
 /// Streamable HTTP on 2026-07-28 (rmcp's server, stateless): discovery,
 /// listing, reads, and a change pushed on `subscriptions/listen` (a
-/// long-lived POST answered as an event stream) reaching the next injection.
-#[tokio::test]
+/// long-lived POST answered as an event stream) reaching the next injection
+/// of every one of three clients (replicas) of the one server: their listen
+/// requests carry the same JSON-RPC ids, and each must still hear every change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamable_http_on_2026_07_28_with_listen() {
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live.txt");
@@ -359,16 +361,31 @@ async fn streamable_http_on_2026_07_28_with_listen() {
     };
     let (url, fixture, stop) = http_fixture(opts).await;
     let yaml = format!("servers:\n  web:\n    url: {url}\n    protocol: \"2026-07-28\"\n");
-    let ctx = McpContext::from_config(&config(&yaml)).await.unwrap();
-    assert_eq!(ctx.hub().status()[0].protocol.as_deref(), Some("2026-07-28"), "{:?}", ctx.hub().failures());
-    assert!(content(&ctx, "u").await.contains("version one"));
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let ctx = McpContext::from_config(&config(&yaml)).await.unwrap();
+        assert_eq!(ctx.hub().status()[0].protocol.as_deref(), Some("2026-07-28"), "{:?}", ctx.hub().failures());
+        assert!(content(&ctx, "u").await.contains("version one"));
+        replicas.push(ctx);
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let reads = || fixture.reads.load(std::sync::atomic::Ordering::SeqCst);
-    let cold = reads();
-    assert!(content(&ctx, "u").await.contains("version one"));
-    assert_eq!(reads(), cold, "a warm injection sent a read");
-    std::fs::write(&live, "version two").unwrap();
-    assert!(eventually(async || content(&ctx, "u").await.contains("version two")).await, "push not heard over HTTP");
-    ctx.close().await;
+    for version in ["version two", "version three"] {
+        let before = reads();
+        for ctx in &replicas {
+            assert!(content(ctx, "u").await.contains("version"));
+        }
+        assert_eq!(reads(), before, "a warm injection sent a read");
+        std::fs::write(&live, version).unwrap();
+        for (i, ctx) in replicas.iter().enumerate() {
+            assert!(
+                eventually(async || content(ctx, "u").await.contains(version)).await,
+                "replica {i} never heard of {version:?} over HTTP"
+            );
+        }
+    }
+    for ctx in replicas {
+        ctx.close().await;
+    }
     stop.cancel();
 }

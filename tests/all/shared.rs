@@ -60,10 +60,12 @@ impl Drop for Prefix {
     }
 }
 
-/// The MCP server is pinned to 2025-11-25: these tests were written for
-/// `resources/subscribe`. (Under `auto` the fixture speaks 2026-07-28, and
-/// `a_read_that_began_before_a_change_never_stores_the_old_content` then
-/// failed once with "never saw change 1": not investigated yet.)
+/// The MCP server is pinned to 2025-11-25: these tests wait for
+/// `resources/subscribe` in the fixture's log. (The replica that once missed
+/// a change under 2026-07-28 was the fixture's fault: it dropped a closed
+/// listener by its JSON-RPC id, which another replica's open one shared.
+/// Several replicas on 2026-07-28: `protocol::streamable_http_on_2026_07_28_with_listen`
+/// and `bench_shared`.)
 fn config(mcp_url: &str, redis_url: &str, prefix: &str) -> String {
     format!(
         "servers:\n  kb:\n    url: {mcp_url}\n    protocol: \"2025-11-25\"\ncontext:\n  max_tokens: 4000\n\

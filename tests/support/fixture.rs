@@ -134,8 +134,10 @@ pub struct Fixture {
     pub reads: Arc<AtomicUsize>,
     peers: Arc<std::sync::Mutex<Vec<rmcp::Peer<RoleServer>>>>,
     subs: Arc<std::sync::Mutex<Vec<Subscription>>>,
-    /// Open `subscriptions/listen` requests (2026-07-28).
-    sinks: Arc<std::sync::Mutex<Vec<rmcp::service::SubscriptionSink>>>,
+    /// Open `subscriptions/listen` requests (2026-07-28), each under a
+    /// number of its own: a sink's id is its JSON-RPC request id, which two
+    /// clients (replicas) may well share, so it cannot say which to drop.
+    sinks: Arc<std::sync::Mutex<Vec<(usize, rmcp::service::SubscriptionSink)>>>,
     watching: Arc<std::sync::atomic::AtomicBool>,
     inflight: Arc<AtomicUsize>,
 }
@@ -183,7 +185,7 @@ impl Fixture {
                         }
                     }
                     let live_uri = format!("{}fx://live", me.opts.prefix);
-                    let sinks: Vec<_> = me.sinks.lock().unwrap().clone();
+                    let sinks: Vec<_> = me.sinks.lock().unwrap().iter().map(|(_, s)| s.clone()).collect();
                     for sink in sinks {
                         // The sink refuses URIs its listener did not ask for.
                         let _ = sink.notify_resource_updated(live_uri.clone()).await;
@@ -195,7 +197,7 @@ impl Fixture {
                     for peer in peers {
                         let _ = peer.notify_resource_list_changed().await;
                     }
-                    let sinks: Vec<_> = me.sinks.lock().unwrap().clone();
+                    let sinks: Vec<_> = me.sinks.lock().unwrap().iter().map(|(_, s)| s.clone()).collect();
                     for sink in sinks {
                         let _ = sink.notify_resource_list_changed().await;
                     }
@@ -339,11 +341,12 @@ impl ServerHandler for Fixture {
     async fn listen(&self, cx: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
         let uris = cx.accepted().resource_subscriptions.clone().unwrap_or_default();
         self.log(&format!("listen {}", uris.join(" ")));
-        self.sinks.lock().unwrap().push(cx.sink().clone());
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let key = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.sinks.lock().unwrap().push((key, cx.sink().clone()));
         self.watch();
         cx.cancelled().await;
-        let id = cx.sink().id().clone();
-        self.sinks.lock().unwrap().retain(|s| *s.id() != id);
+        self.sinks.lock().unwrap().retain(|(k, _)| *k != key);
         Ok(())
     }
 
