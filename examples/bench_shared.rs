@@ -44,6 +44,12 @@ async fn http_fixture(opts: Options) -> (String, Fixture) {
     let router = axum::Router::new().nest_service("/mcp", service);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    // TCP_NODELAY, as real servers set it (axum does not): without it each
+    // answer streamed on 2025-11-25 waited for the client's delayed ACK.
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|t| {
+        let _ = t.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });

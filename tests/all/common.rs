@@ -184,9 +184,24 @@ pub async fn http_fixture_as(opts: Options, json: bool) -> (String, Fixture, tok
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let stop = ct.clone();
     tokio::spawn(async move {
-        let _ = axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled_owned().await }).await;
+        let _ = axum::serve(nodelay(listener), router)
+            .with_graceful_shutdown(async move { stop.cancelled_owned().await })
+            .await;
     });
     (url, fixture, ct)
+}
+
+/// `listener` with `TCP_NODELAY` on its connections, as real servers set
+/// it: without it, a streamed (SSE) answer's second write waits for the
+/// client's delayed ACK (up to 40 ms a time on Linux).
+pub fn nodelay(
+    listener: tokio::net::TcpListener,
+) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
+    use axum::serve::ListenerExt;
+    let tap: fn(&mut tokio::net::TcpStream) = |tcp| {
+        let _ = tcp.set_nodelay(true);
+    };
+    listener.tap_io(tap)
 }
 
 /// How the fake LLM answers one request.
@@ -235,8 +250,9 @@ impl FakeLlm {
         let stop = tokio_util::sync::CancellationToken::new();
         let s2 = stop.clone();
         tokio::spawn(async move {
-            let _ =
-                axum::serve(listener, router).with_graceful_shutdown(async move { s2.cancelled_owned().await }).await;
+            let _ = axum::serve(nodelay(listener), router)
+                .with_graceful_shutdown(async move { s2.cancelled_owned().await })
+                .await;
         });
         FakeLlm { base, state, stop }
     }
