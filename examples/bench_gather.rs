@@ -153,7 +153,7 @@ async fn relevance(server: &str, n: usize, size: usize, rounds: usize) {
     ctx.close().await;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let (same, fresh, pack) = (median(same), median(fresh), median(pack));
-    let (texts, chunk_cpu, tokenise_cpu) = cold_cpu(n, size);
+    let (texts, chunk_cpu, tokenise_cpu, ratios) = cold_cpu(n, size);
     println!("workload: n={n} size={size} (every 10th a blob), budget 4000, select auto, {rounds} rounds");
     println!("| figure | value |");
     println!("|---|---:|");
@@ -163,11 +163,19 @@ async fn relevance(server: &str, n: usize, size: usize, rounds: usize) {
     println!("|  of which rank + pack (report.timings.pack_ms), median | {:.3} ms |", ms(pack));
     println!("| added by ranking a new question | {:.3} ms |", ms(fresh) - ms(same));
     println!(
-        "| cold chunk + index of the {texts} texts, thread CPU, median of 5 | {:.1} ms ({:.2}x tokenising) |",
-        ms(chunk_cpu),
-        chunk_cpu.as_secs_f64() / tokenise_cpu.as_secs_f64()
+        "| cold chunk + index of the {texts} texts, thread CPU, median of {COLD_PAIRS} | {:.1} ms |",
+        ms(chunk_cpu)
     );
-    println!("| tokenising the same texts once, thread CPU, median of 5 | {:.1} ms |", ms(tokenise_cpu));
+    println!("| tokenising the same texts once, thread CPU, median of {COLD_PAIRS} | {:.1} ms |", ms(tokenise_cpu));
+    let q = |f: f64| ratios[((ratios.len() - 1) as f64 * f).round() as usize];
+    println!(
+        "| chunk + index / tokenising, per pair: median (middle half; all) | {:.2}x ({:.2}–{:.2}x; {:.2}–{:.2}x) |",
+        q(0.5),
+        q(0.25),
+        q(0.75),
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
 }
 
 /// CPU time of this thread (steadier than wall time on a shared machine).
@@ -229,26 +237,50 @@ fn tokenise_all(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
 }
 
 /// Thread CPU time of chunking and indexing the workload's texts (not its
-/// blobs) from scratch (a new index each run), and of tokenising them once:
-/// medians of 5, with the number of texts.
-fn cold_cpu(n: usize, size: usize) -> (usize, Duration, Duration) {
+/// blobs) from scratch (a new index each run), and of tokenising them once.
+///
+/// One warm-up of each, then [`COLD_PAIRS`] pairs, the order inside a pair
+/// alternating: a pair's two runs are a few tens of milliseconds apart, so
+/// the ratio of each pair is steadier than a ratio of medians taken over
+/// the whole loop on a VM whose speed drifts. Returns the number of texts,
+/// the medians of each, and the pairs' ratios, sorted.
+fn cold_cpu(n: usize, size: usize) -> (usize, Duration, Duration, Vec<f64>) {
     let (tok, _) = mcp_context::Tokenizer::for_model("gpt-4o");
     let items = cold_items(n, size);
-    let (mut chunk, mut tokenise) = (Vec::new(), Vec::new());
-    for _ in 0..5 {
+    let chunk_once = || {
         let t = thread_cpu();
         assert_eq!(chunk_all(&tok, &items), items.len());
-        chunk.push(thread_cpu() - t);
+        thread_cpu() - t
+    };
+    let tokenise_once = || {
         let t = thread_cpu();
         assert!(tokenise_all(&tok, &items) > 0);
-        tokenise.push(thread_cpu() - t);
+        thread_cpu() - t
+    };
+    chunk_once();
+    tokenise_once();
+    let (mut chunk, mut tokenise, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..COLD_PAIRS {
+        let (c, t) = if i % 2 == 0 {
+            (chunk_once(), tokenise_once())
+        } else {
+            let t = tokenise_once();
+            (chunk_once(), t)
+        };
+        ratios.push(c.as_secs_f64() / t.as_secs_f64());
+        chunk.push(c);
+        tokenise.push(t);
     }
-    (items.len(), median(chunk), median(tokenise))
+    ratios.sort_by(f64::total_cmp);
+    (items.len(), median(chunk), median(tokenise), ratios)
 }
+
+/// Pairs of cold runs [`cold_cpu`] measures.
+const COLD_PAIRS: usize = 15;
 
 /// `--cold-callgrind`: the cold ratio of `--relevance` as instruction
 /// counts, which other work on the machine does not change. Both steps run
-/// once to warm up (as runs 2 to 5 of [`cold_cpu`] are), then once each in
+/// once to warm up (as [`cold_cpu`]'s pairs are), then once each in
 /// their own function; read their inclusive counts with
 /// `valgrind --tool=callgrind --callgrind-out-file=cg.out target/release/examples/bench_gather --cold-callgrind`
 /// and `callgrind_annotate --inclusive=yes cg.out | grep measured_`.
