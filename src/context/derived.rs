@@ -303,8 +303,16 @@ impl Exchange {
             .collect()
     }
 
-    /// The field name part of this exchange's records.
-    pub(crate) fn name(&self) -> &str {
-        &self.name
+    /// Counts the records used and hands the new ones (from [`Exchange::export`])
+    /// to the shared cache, which writes them in the background.
+    pub(crate) fn finish(
+        self,
+        cache: &ContentCache,
+        used: usize,
+        records: Vec<(ResourceId, bool, Vec<u8>)>,
+        user: String,
+    ) {
+        cache.derived_used(used);
+        cache.store_derived(records, user, self.name);
     }
 }

@@ -75,6 +75,7 @@ mod derived {
         ) -> Vec<(ResourceId, bool, Vec<u8>)> {
             Vec::new()
         }
+        pub(crate) fn finish(self, _: &ContentCache, _: usize, _: Vec<(ResourceId, bool, Vec<u8>)>, _: String) {}
     }
 }
 mod memo;
@@ -479,14 +480,8 @@ impl McpContext {
                 .await
                 .map_err(|e| Error::Other(format!("packing failed: {e}")))?;
                 derived_used = used;
-                #[cfg(feature = "redis")]
-                {
-                    let (records, exchange) = offered;
-                    self.cache.derived_used(used);
-                    self.cache.store_derived(records, req.user.clone(), exchange.name().to_owned());
-                }
-                #[cfg(not(feature = "redis"))]
-                let _ = offered;
+                let (records, exchange) = offered;
+                exchange.finish(&self.cache, used, records, req.user.clone());
                 composed
             }
         };
