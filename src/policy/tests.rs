@@ -744,6 +744,21 @@ users:
     assert_eq!(d.rule.unwrap().rule, r#"{ mime: "Image/*" }"#);
 }
 
+#[test]
+fn the_deciding_rule_is_shown_as_written_with_json_quoting() {
+    // Backslashes and quotes are escaped as JSON escapes them; other text, Unicode included, is as written.
+    let p = policy(
+        "roles:\n  r:\n    deny:\n      - { server: s, uri: 'a://x\\[1\\]\"q' }\n    allow:\n      - { uri: \"a://é/**\" }\n      - {}\n\
+         default_roles: [r]\n",
+    );
+    let d = p.for_user("u").decide(&res("s:a://x[1]\"q"));
+    assert_eq!(d.rule.unwrap().rule, r#"{ server: "s", uri: "a://x\\[1\\]\"q" }"#);
+    let d = p.for_user("u").decide(&res("s:a://é/doc"));
+    assert_eq!(d.rule.unwrap().rule, r#"{ uri: "a://é/**" }"#);
+    let d = p.for_user("u").decide(&res("t:b://other"));
+    assert_eq!(d.rule.unwrap().rule, "{}");
+}
+
 // ---- property: the indexes == trying every rule in order ---------------
 
 const WIDE_SERVER_GLOBS: &[&str] = &["*", "**", "demo", "crm", "d", "x", "d*", "?rm", "[cd]*", "{demo,x}", "*o"];
