@@ -901,9 +901,9 @@ proptest! {
     }
 }
 
-/// Rule sets are compiled together after the whole policy is read (on every
-/// core): one too large to compile is still a load error, located at its
-/// `allow:` key and named, and a valid role beside it does not hide it.
+/// Each rule set's globs are compiled together into one regex: a set too
+/// large to compile is a load error, located at its `allow:` key and named,
+/// and a valid role beside it does not hide it.
 #[test]
 fn a_rule_set_too_large_to_compile_is_a_located_load_error() {
     let glob = format!("kb://{}", "[!a]*".repeat(40));
