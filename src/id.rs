@@ -14,6 +14,26 @@ use crate::error::{Error, quote};
 /// garbage or an attack, and would only bloat logs and reports.
 pub(crate) const MAX_ID_LEN: usize = 8192;
 
+/// Longest user name accepted, in bytes, from any source: a policy, a caller
+/// key's mapping, a header or a body. A name is an identifier, not a text.
+pub const MAX_USER_NAME_BYTES: usize = 256;
+
+/// What is wrong with a user name, if anything: empty, longer than
+/// [`MAX_USER_NAME_BYTES`], or holding a control character (a newline in a
+/// name would forge log lines, and a name that prints differently from what
+/// it is cannot be audited).
+pub fn user_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        Some("a user name cannot be empty".into())
+    } else if name.len() > MAX_USER_NAME_BYTES {
+        Some(format!("a user name is at most {MAX_USER_NAME_BYTES} bytes (this one has {})", name.len()))
+    } else if let Some(c) = name.chars().find(|c| c.is_control()) {
+        Some(format!("a user name cannot hold control characters (found U+{:04X})", c as u32))
+    } else {
+        None
+    }
+}
+
 /// A resource's identity: the configured server name plus the URI the server
 /// gave it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]

@@ -64,14 +64,14 @@ pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
 pub use config::{
     CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, ENV_ALLOWLIST, KeyDigest, MessageRole, Protocol, ServeSettings, ServerConfig,
-    Transport,
+    DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, ENV_ALLOWLIST, KeyDigest, MessageRole, PassthroughRule, Protocol,
+    ServeSettings, ServerConfig, Transport, UpstreamUser,
 };
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
 pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
 pub use hub::{Hub, HubEvent, ServerStatus};
-pub use id::ResourceId;
+pub use id::{MAX_USER_NAME_BYTES, ResourceId, user_name_problem};
 pub use inject::{
     INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
     inject_message, inject_message_json, is_context_message, is_context_message_json, latest_user_text_json,

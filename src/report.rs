@@ -209,7 +209,7 @@ impl Report {
     /// Emits the report as tracing events (one summary, one per exclusion).
     pub(crate) fn trace(&self) {
         tracing::info!(
-            user = %self.user,
+            user = ?self.user,
             tokens = self.tokens,
             budget = self.budget,
             included = self.included.len(),

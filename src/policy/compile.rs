@@ -141,6 +141,10 @@ pub(super) fn build(files: &[(PathBuf, String)]) -> Result<Policy> {
                 found.add(i, key_pos(&root, "users", &name, 0), msg);
                 continue;
             }
+            if let Some(problem) = crate::id::user_name_problem(&name) {
+                found.add(i, key_pos(&root, "users", &name, 0), format!("user `{}`: {problem}", name.escape_debug()));
+                continue;
+            }
             let u = user.0.flatten().unwrap_or_default();
             let lines = Lines::of(root.at(&["users", &name]));
             todo.push(("users", name, (u.allow, u.deny, u.max_tokens, u.include, u.roles), lines));

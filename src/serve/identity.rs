@@ -23,8 +23,39 @@ pub fn hash_key(key: &str) -> String {
     Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The user a request acts for (see the module docs for the order).
-pub fn identify(s: &ServeSettings, headers: &HeaderMap, body: Option<&serde_json::Value>) -> Result<String, ApiError> {
+/// How the caller was identified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Key,
+    Header,
+    Body,
+    Anonymous,
+}
+
+/// Who is calling, as far as the headers tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FromHeaders {
+    /// Decided: the user and how.
+    User(String, Source),
+    /// Only the body can tell (`user_from_body`); `anonymous_user` if it does not.
+    Body,
+}
+
+/// The identity the headers give (steps 1, 2 and 4 of the module docs),
+/// before any body is read. A malformed `Authorization` (not `Bearer TOKEN`)
+/// is refused whatever else the request carries, and so is a user header
+/// sent twice or naming an invalid user.
+pub fn from_headers(s: &ServeSettings, headers: &HeaderMap) -> Result<FromHeaders, ApiError> {
+    let auth: Vec<_> = headers.get_all(axum::http::header::AUTHORIZATION).iter().collect();
+    if auth.len() > 1 {
+        return Err(ApiError::unauthorized("invalid_authorization", "Send one `Authorization` header, not several"));
+    }
+    if !auth.is_empty() && bearer(headers).is_none() {
+        return Err(ApiError::unauthorized(
+            "invalid_authorization",
+            "The `Authorization` header is not `Bearer KEY`; send `Authorization: Bearer KEY` or no Authorization",
+        ));
+    }
     if !s.keys.is_empty()
         && !s.forward_authorization
         && let Some(key) = bearer(headers)
@@ -38,31 +69,70 @@ pub fn identify(s: &ServeSettings, headers: &HeaderMap, body: Option<&serde_json
                 found = Some(&k.user);
             }
         }
-        return found.map(str::to_owned).ok_or_else(|| {
+        return found.map(|u| FromHeaders::User(u.to_owned(), Source::Key)).ok_or_else(|| {
             ApiError::unauthorized(
                 "invalid_api_key",
                 "Incorrect API key provided: it is not one of this proxy's keys (serve.keys)",
             )
         });
     }
-    if let Some(h) = &s.user_header
-        && let Some(v) = headers.get(h.as_str()).and_then(|v| v.to_str().ok()).map(str::trim)
-        && !v.is_empty()
-    {
-        return Ok(v.to_owned());
+    if let Some(h) = &s.user_header {
+        let values: Vec<_> = headers.get_all(h.as_str()).iter().collect();
+        if values.len() > 1 {
+            return Err(ApiError::bad_request(
+                "invalid_user",
+                format!("The `{h}` header was sent {} times; send it once", values.len()),
+            ));
+        }
+        if let Some(v) = values.first() {
+            let v = v.to_str().map_err(|_| {
+                ApiError::bad_request("invalid_user", format!("The `{h}` header is not visible ASCII text"))
+            })?;
+            let v = v.trim();
+            if !v.is_empty() {
+                return checked(v, &format!("the `{h}` header")).map(|u| FromHeaders::User(u, Source::Header));
+            }
+        }
     }
-    if s.user_from_body
-        && let Some(body) = body
-        && let Some(u) = ["user", "safety_identifier"]
-            .iter()
-            .find_map(|k| body.get(*k).and_then(|v| v.as_str()).map(str::trim).filter(|v| !v.is_empty()))
-    {
-        return Ok(u.to_owned());
+    if s.user_from_body {
+        return Ok(FromHeaders::Body);
     }
-    if let Some(anon) = &s.anonymous_user {
-        return Ok(anon.clone());
+    anonymous_or_refuse(s)
+}
+
+/// Step 3 then 4: the body's `user` / `safety_identifier` (validated), else `anonymous_user`.
+pub fn from_body(s: &ServeSettings, body: Option<&super::body::JsonObject>) -> Result<(String, Source), ApiError> {
+    if let Some(body) = body {
+        for k in ["user", "safety_identifier"] {
+            if let Some(u) = body.str_field(k) {
+                let u = u.trim();
+                if !u.is_empty() {
+                    return checked(u, &format!("the body's `{k}`")).map(|u| (u, Source::Body));
+                }
+            }
+        }
     }
-    Err(ApiError::unauthorized("missing_identity", &missing_identity_message(s)))
+    match anonymous_or_refuse(s)? {
+        FromHeaders::User(u, src) => Ok((u, src)),
+        FromHeaders::Body => unreachable!("anonymous_or_refuse decides"),
+    }
+}
+
+fn anonymous_or_refuse(s: &ServeSettings) -> Result<FromHeaders, ApiError> {
+    match &s.anonymous_user {
+        Some(anon) => Ok(FromHeaders::User(anon.clone(), Source::Anonymous)),
+        None => Err(ApiError::unauthorized("missing_identity", &missing_identity_message(s))),
+    }
+}
+
+/// A user name from outside, refused (400) unless it is one a policy could name.
+fn checked(name: &str, from: &str) -> Result<String, ApiError> {
+    match mcp_context::user_name_problem(name) {
+        None => Ok(name.to_owned()),
+        Some(problem) => {
+            Err(ApiError::bad_request("invalid_user", format!("The user in {from} is refused: {problem}")))
+        }
+    }
 }
 
 fn missing_identity_message(s: &ServeSettings) -> String {
@@ -89,7 +159,8 @@ fn missing_identity_message(s: &ServeSettings) -> String {
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = v.trim().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains([' ', '\t'])).then_some(token)
 }
 
 #[cfg(test)]
@@ -123,6 +194,17 @@ mod tests {
         assert_eq!(hash_key("test"), "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
     }
 
+    /// The whole decision: headers, then the body.
+    fn identify(s: &ServeSettings, h: &HeaderMap, body: Option<&serde_json::Value>) -> Result<String, ApiError> {
+        match from_headers(s, h)? {
+            FromHeaders::User(u, _) => Ok(u),
+            FromHeaders::Body => {
+                let body = body.map(|b| super::super::body::JsonObject::parse(b.to_string().as_bytes()).unwrap());
+                from_body(s, body.as_ref()).map(|(u, _)| u)
+            }
+        }
+    }
+
     #[test]
     fn order_and_refusals() {
         let s = settings();
@@ -138,6 +220,23 @@ mod tests {
         assert_eq!(identify(&s, &headers(&[]), None).unwrap_err().status, 401);
         let anon = ServeSettings { anonymous_user: Some("guest".into()), ..settings() };
         assert_eq!(identify(&anon, &headers(&[]), None).unwrap(), "guest");
+    }
+
+    #[test]
+    fn malformed_credentials_and_names_are_refused_not_skipped() {
+        let anon = ServeSettings { anonymous_user: Some("guest".into()), ..settings() };
+        for auth in ["Basic YTpi", "Bearer", "Bearer ", "Bearer a b", "kb"] {
+            let e = identify(&anon, &headers(&[("authorization", auth), ("x-user", "dave")]), None);
+            assert_eq!(e.unwrap_err().status, 401, "{auth:?}");
+        }
+        let mut twice = headers(&[("x-user", "dave")]);
+        twice.append("x-user", "alice".parse().unwrap());
+        assert_eq!(identify(&anon, &twice, None).unwrap_err().status, 400);
+        assert_eq!(identify(&anon, &headers(&[("x-user", "a\tb")]), None).unwrap_err().status, 400);
+        let long = "x".repeat(mcp_context::MAX_USER_NAME_BYTES + 1);
+        assert_eq!(identify(&anon, &headers(&[("x-user", &long)]), None).unwrap_err().status, 400);
+        let forged = serde_json::json!({"user": "x\nFAKE LOG LINE user=alice"});
+        assert_eq!(identify(&anon, &headers(&[]), Some(&forged)).unwrap_err().status, 400);
     }
 
     #[test]

@@ -41,7 +41,8 @@ fn latency_buckets() -> Histogram {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    /// `shared`: the shared (Redis) cache is configured; its series exist only then.
+    pub fn new(shared: bool) -> Self {
         let mut registry = Registry::with_prefix("mcp_context");
         let requests = Family::<Labels, Counter>::default();
         registry.register("http_requests", "HTTP requests answered, by route and status", requests.clone());
@@ -72,36 +73,38 @@ impl Metrics {
         let policy_reloads = Family::<Labels, Counter>::default();
         registry.register("policy_reloads", "Policy reloads (SIGHUP), by result", policy_reloads.clone());
         let shared_up = Gauge::default();
-        registry.register(
-            "shared_cache_up",
-            "1 when the shared (Redis) cache answers and its event subscription is up; absent with the memory backend",
-            shared_up.clone(),
-        );
         let shared_hits = Counter::default();
-        registry.register(
-            "shared_cache_hits",
-            "Reads answered from the shared cache instead of the MCP server",
-            shared_hits.clone(),
-        );
         let shared_derived = Family::<Labels, Counter>::default();
-        registry.register(
-            "shared_cache_derived",
-            "Token counts and chunks (one record per resource) used from other replicas (outcome=used) instead of \
-             tokenising again, or stored for them (outcome=stored)",
-            shared_derived.clone(),
-        );
         let shared_errors = Counter::default();
-        registry.register(
-            "shared_cache_errors",
-            "Shared cache commands that failed or timed out",
-            shared_errors.clone(),
-        );
         let shared_invalidations = Family::<Labels, Counter>::default();
-        registry.register(
-            "shared_cache_invalidations",
-            "Invalidations published by this replica (origin=local) or received from others (origin=remote)",
-            shared_invalidations.clone(),
-        );
+        if shared {
+            registry.register(
+                "shared_cache_up",
+                "1 when the shared (Redis) cache answers and its event subscription is up; absent with the memory backend",
+                shared_up.clone(),
+            );
+            registry.register(
+                "shared_cache_hits",
+                "Reads answered from the shared cache instead of the MCP server",
+                shared_hits.clone(),
+            );
+            registry.register(
+                "shared_cache_derived",
+                "Token counts and chunks (one record per resource) used from other replicas (outcome=used) instead of \
+                 tokenising again, or stored for them (outcome=stored)",
+                shared_derived.clone(),
+            );
+            registry.register(
+                "shared_cache_errors",
+                "Shared cache commands that failed or timed out",
+                shared_errors.clone(),
+            );
+            registry.register(
+                "shared_cache_invalidations",
+                "Invalidations published by this replica (origin=local) or received from others (origin=remote)",
+                shared_invalidations.clone(),
+            );
+        }
         Self {
             shared_up,
             shared_hits,

@@ -10,10 +10,16 @@
 //! side), `metrics`, `error` (our errors in OpenAI's shape), and here the
 //! router, the state and the process lifecycle (signals, shutdown, reload).
 
+mod body;
+mod created;
 mod error;
 pub mod identity;
+mod listen;
 mod metrics;
+mod owners;
+mod path;
 mod relay;
+mod routes;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,17 +29,21 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
-use mcp_context::{Config, ContextRequest, McpContext, Policy, Report, ServeSettings};
+use mcp_context::{Config, ContextRequest, ExcludeReason, McpContext, Policy, Report, ServeSettings, UpstreamUser};
+use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
+use self::body::{Budget, JsonObject, raw};
 use self::error::ApiError;
+use self::identity::{FromHeaders, Source};
 use self::metrics::Metrics;
+use self::owners::{Owners, Verdict};
+use self::path::Canonical;
 use self::relay::{Outgoing, Upstream};
+use self::routes::{NoRoute, Route, Stored};
 
 /// The response header carrying the compact report.
 pub const REPORT_HEADER: &str = "x-mcp-context";
@@ -51,6 +61,13 @@ struct AppState {
     metrics: Metrics,
     policy_path: Option<PathBuf>,
     draining: AtomicBool,
+    /// Request body bytes held, all callers.
+    bodies: Budget,
+    /// The share of `bodies` for callers the headers did not identify.
+    unidentified: Budget,
+    owners: Arc<Owners>,
+    /// `Host` values accepted on `/v1/` (lower-case); `None`: any.
+    hosts: Option<Vec<String>>,
 }
 
 type Shared = Arc<AppState>;
@@ -81,6 +98,7 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
         .parse()
         .map_err(|_| anyhow::anyhow!("listen address `{}` is not IP:PORT (e.g. 127.0.0.1:8787)", settings.listen))?;
     let upstream = Upstream::new(&settings, base)?;
+    let owners = Arc::new(Owners::new(&settings, &config.cache)?);
     // Signal handlers first: a SIGTERM that arrives while the servers start
     // must still drain and close them, not kill the process and orphan them.
     let signals = Signals::install()?;
@@ -94,27 +112,28 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
     }
     let state = Arc::new(AppState {
         ctx: ctx.clone(),
+        bodies: Budget::new(settings.max_inflight_body_bytes),
+        unidentified: Budget::new(settings.max_unidentified_body_bytes),
+        owners,
+        hosts: allowed_hosts(&settings, local),
         settings: settings.clone(),
         upstream,
-        metrics: Metrics::new(),
+        metrics: Metrics::new(config.cache.backend == mcp_context::CacheBackend::Redis),
         policy_path: config.policy.clone(),
         draining: AtomicBool::new(false),
     });
     let app = router(state.clone());
     let stop = CancellationToken::new();
-    let server = axum::serve(without_nagle(listener), app).with_graceful_shutdown(stop.clone().cancelled_owned());
-    let mut server = tokio::spawn(async move { server.await });
+    let limits = listen::Limits { max_connections: settings.max_connections, header_timeout: settings.header_timeout };
+    let server = listen::serve(listener, app, limits, stop.clone());
+    let mut server = tokio::spawn(server);
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
-        writeln!(
-            out,
-            "mcp-context serve: listening on http://{local}, upstream {}",
-            relay::redact(&state.upstream.base)
-        )?;
+        writeln!(out, "mcp-context serve: listening on http://{local}, upstream {}", state.upstream.redacted())?;
         out.flush()?;
     }
-    tracing::info!(%local, upstream = %relay::redact(&state.upstream.base), "serving");
+    tracing::info!(%local, upstream = %state.upstream.redacted(), "serving");
 
     let result = lifecycle(&state, signals, &mut server).await;
     state.draining.store(true, Ordering::SeqCst);
@@ -134,6 +153,49 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
     }
     ctx.close().await;
     result
+}
+
+/// The `Host` values `/v1/` accepts: `serve.allowed_hosts`, else the listen
+/// address (and `localhost` when it is a loopback one) at the port listened
+/// on; `None` (any) when listening on all interfaces without a list.
+fn allowed_hosts(s: &ServeSettings, local: SocketAddr) -> Option<Vec<String>> {
+    if let Some(list) = &s.allowed_hosts {
+        return Some(list.iter().map(|h| h.to_ascii_lowercase()).collect());
+    }
+    let ip = local.ip();
+    if ip.is_unspecified() {
+        return None;
+    }
+    let port = local.port();
+    let mut hosts = vec![match ip {
+        std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    }];
+    if ip.is_loopback() {
+        hosts.extend([format!("localhost:{port}"), format!("127.0.0.1:{port}"), format!("[::1]:{port}")]);
+    }
+    hosts.dedup();
+    Some(hosts)
+}
+
+/// Whether the request's `Host` (HTTP/1) or authority (HTTP/2) is one the
+/// proxy answers to: a web page that rebinds its own name to 127.0.0.1
+/// sends its own name, and is refused. An allowed entry without a port
+/// accepts any port.
+fn host_allowed(hosts: &Option<Vec<String>>, req: &Request) -> bool {
+    let Some(hosts) = hosts else { return true };
+    let given = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()));
+    let Some(given) = given.map(|g| g.to_ascii_lowercase()) else { return false };
+    let host_only = match given.rsplit_once(':') {
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && !h.is_empty() => h,
+        _ => given.as_str(),
+    };
+    hosts.iter().any(|a| *a == given || (!a.contains(':') || a.ends_with(']')) && *a == host_only)
 }
 
 struct Signals {
@@ -198,208 +260,439 @@ fn reload_policy(state: &Shared) {
 }
 
 fn router(state: Shared) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/responses", post(responses))
-        .route("/v1/{*rest}", any(passthrough))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), count))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
-        .with_state(state)
+    Router::new().fallback(dispatch).layer(tower_http::trace::TraceLayer::new_for_http()).with_state(state)
 }
 
-/// Counts every answer by route and status.
-async fn count(State(state): State<Shared>, req: Request, next: Next) -> Response {
-    let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str()).to_owned();
-    let response = next.run(req).await;
-    state.metrics.request(&route, response.status().as_u16());
+/// Every request: the path checked and decoded, one route chosen on it, the
+/// `Host` checked on `/v1/`, the body's type checked, then the handler. The
+/// answer is counted under the route's own label (`refused` and `unmatched`
+/// for the others), never under the caller's spelling.
+async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
+    let (label, response) = match decide(&state, &req) {
+        Err((label, e)) => (label, e.into_response()),
+        Ok(route) => {
+            let label = route.label();
+            let r = match route {
+                Route::Chat => inject_and_forward(&state, req, Kind::Chat).await,
+                Route::Responses => inject_and_forward(&state, req, Kind::Responses).await,
+                Route::CreateConversation => relay_other(&state, req, Some(Stored::Conversation)).await,
+                Route::StoredObject { kind, id } => stored_object(&state, req, kind, &id).await,
+                Route::Passthrough => relay_other(&state, req, None).await,
+                Route::Health => Ok("ok\n".into_response()),
+                Route::Ready => Ok(readyz(&state)),
+                Route::Metrics => Ok(metrics(&state)),
+            };
+            (label, r.unwrap_or_else(IntoResponse::into_response))
+        }
+    };
+    state.metrics.request(label, response.status().as_u16());
     response
 }
 
-async fn chat(State(state): State<Shared>, req: Request) -> Response {
-    inject_and_forward(state, req, Kind::Chat).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn responses(State(state): State<Shared>, req: Request) -> Response {
-    inject_and_forward(state, req, Kind::Responses).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// Reads the body (bounded), identifies the caller, injects the context by
-/// the library's rules on the generic JSON, forwards, relays.
-async fn inject_and_forward(state: Shared, req: Request, kind: Kind) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
-    let limit = state.settings.max_body_bytes;
-    check_length(&parts.headers, limit)?;
-    let bytes = read_body(body, limit).await?;
-    let mut body: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("The request body is not valid JSON: {e}")))?;
-    match kind {
-        Kind::Chat if !body.get("messages").is_some_and(|m| m.is_array()) => {
-            return Err(ApiError::bad_request("missing_messages", "The body needs a `messages` array"));
-        }
-        Kind::Responses if !body.is_object() || body.get("input").is_none_or(|i| i.is_null()) => {
-            return Err(ApiError::bad_request("missing_input", "The body needs an `input`"));
-        }
-        _ => {}
+/// The route, or the refusal with its metrics label.
+fn decide(state: &AppState, req: &Request) -> Result<Route, (&'static str, ApiError)> {
+    let path = Canonical::parse(req.uri().path()).map_err(|e| ("refused", e))?;
+    if path.segments().first() == Some(&"v1") && !host_allowed(&state.hosts, req) {
+        return Err((
+            "refused",
+            ApiError::bad_request(
+                "invalid_host",
+                "The Host header is not one this proxy answers to (serve.allowed_hosts)",
+            ),
+        ));
     }
-    let user = identity::identify(&state.settings, &parts.headers, Some(&body))?;
+    let route = routes::route(req.method(), &path, &state.settings.passthrough).map_err(|why| {
+        let message = match why {
+            NoRoute::Listing => {
+                "Listing stored objects is not available through this proxy: it would show \
+                                 other callers' objects. Ask for each of yours by its id"
+            }
+            NoRoute::Unknown => {
+                "Unknown endpoint: this proxy relays chat completions, responses, the caller's own \
+                                 stored objects and the endpoints listed in serve.passthrough"
+            }
+        };
+        ("unmatched", ApiError::new(404, "invalid_request_error", "unknown_url", message))
+    })?;
+    json_content_type(req, &route).map_err(|e| (route.label(), e))?;
+    Ok(route)
+}
+
+/// A request with a body must say `application/json` (a browser's simple
+/// request cannot), except `multipart/form-data` to an endpoint the operator
+/// added to `serve.passthrough` (file uploads).
+fn json_content_type(req: &Request, route: &Route) -> Result<(), ApiError> {
+    let h = req.headers();
+    let declared = h.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let has_body = declared.is_some_and(|n| n > 0) || (declared.is_none() && h.contains_key(header::TRANSFER_ENCODING));
+    let must = has_body || matches!(route, Route::Chat | Route::Responses | Route::CreateConversation);
+    if !must {
+        return Ok(());
+    }
+    let media = h
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
+    match media.as_deref() {
+        Some("application/json") => Ok(()),
+        Some("multipart/form-data") if *route == Route::Passthrough => Ok(()),
+        _ => Err(ApiError::new(
+            415,
+            "invalid_request_error",
+            "unsupported_media_type",
+            "The request body must be sent as `Content-Type: application/json`",
+        )),
+    }
+}
+
+/// Who is calling, from the headers, and the body budgets that caller draws on.
+fn caller<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<(FromHeaders, Vec<&'a Budget>), ApiError> {
+    let who = identity::from_headers(&state.settings, headers)?;
+    let budgets = match &who {
+        FromHeaders::User(_, Source::Key | Source::Header) => vec![&state.bodies],
+        _ => vec![&state.bodies, &state.unidentified],
+    };
+    Ok((who, budgets))
+}
+
+/// Identifies the caller from the headers (before any body is read), reads
+/// the body within its limits, injects the context by the library's rules
+/// into the fields we own, forwards, relays, and records what the upstream
+/// stored for the caller.
+async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let (who, budgets) = caller(state, &parts.headers)?;
+    let s = &state.settings;
+    let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
+    let mut obj = JsonObject::parse(&read.bytes)?;
+    let (user, _source) = match who {
+        FromHeaders::User(u, src) => (u, src),
+        FromHeaders::Body => identity::from_body(s, Some(&obj))?,
+    };
+    // The turns the question is taken from, parsed once; the rest stays raw.
+    let (field, turns) = match kind {
+        Kind::Chat => match obj.get("messages").map(|m| serde_json::from_str::<Vec<Box<RawValue>>>(m.get())) {
+            Some(Ok(m)) => ("messages", m),
+            _ => return Err(ApiError::bad_request("missing_messages", "The body needs a `messages` array")),
+        },
+        Kind::Responses => match obj.get("input").filter(|i| i.get() != "null") {
+            Some(_) => ("input", Vec::new()),
+            None => return Err(ApiError::bad_request("missing_input", "The body needs an `input`")),
+        },
+    };
+    if kind == Kind::Responses {
+        check_continuation(state, &obj, &user).await?;
+    }
+    let query_body = match kind {
+        Kind::Chat => {
+            serde_json::json!({ "messages": serde_json::from_str::<serde_json::Value>(obj.get(field).expect("checked").get()).unwrap_or_default() })
+        }
+        Kind::Responses => {
+            serde_json::json!({ "input": serde_json::from_str::<serde_json::Value>(obj.get(field).expect("checked").get()).unwrap_or_default() })
+        }
+    };
 
     let started = Instant::now();
-    let mut request = ContextRequest::for_user(user);
-    request.model = body.get("model").and_then(|m| m.as_str()).filter(|m| !m.is_empty()).map(str::to_owned);
+    let mut request = ContextRequest::for_user(user.clone());
+    request.model = obj.str_field("model").filter(|m| !m.is_empty());
     // Relevance mode ranks by the conversation: the latest user turn, earlier
     // ones with less weight, exactly as the library's typed `inject`.
-    let query = mcp_context::Query::from_chat_json(&body);
+    let query = mcp_context::Query::from_chat_json(&query_body);
     let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
-        tracing::error!(user = %request.user, "context could not be built: {e}");
+        tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(500, "server_error", "context_failed", format!("The context could not be built: {e}"))
     })?;
     let content = message.as_ref().map(|m| m.content.as_str());
     match kind {
-        Kind::Chat => mcp_context::inject_message_json(&mut body, content, state.ctx.settings().role),
-        Kind::Responses => mcp_context::inject_instructions_json(&mut body, content),
-    };
+        Kind::Chat => {
+            let mut messages: Vec<Box<RawValue>> = turns.into_iter().filter(|m| !is_ours(m)).collect();
+            if let Some(content) = content {
+                /// Our message, its fields in the order chat messages are usually written.
+                #[derive(serde::Serialize)]
+                struct Ours<'a> {
+                    role: String,
+                    content: &'a str,
+                    name: &'a str,
+                }
+                let role = state.ctx.settings().role.to_string();
+                messages.insert(0, raw(&Ours { role, content, name: mcp_context::MESSAGE_NAME }));
+            }
+            obj.set("messages", raw(&messages));
+        }
+        Kind::Responses => set_instructions(&mut obj, content)?,
+    }
+    name_upstream_user(s, &mut obj, &user);
     state.metrics.injection(&report, started.elapsed().as_secs_f64());
     tracing::info!(report = %serde_json::to_string(&report).unwrap_or_default(), "injected");
+    let stores = match kind {
+        Kind::Chat => obj.get("store").is_some_and(|v| v.get() == "true"),
+        Kind::Responses => obj.get("store").is_none_or(|v| v.get() != "false"),
+    };
+    let forwarded = obj.to_vec();
+    drop(read);
 
-    let forwarded = serde_json::to_vec(&body).map_err(|e| {
-        ApiError::new(500, "server_error", "encode_failed", format!("The request could not be re-encoded: {e}"))
-    })?;
     let mut headers = state.upstream.headers_for_upstream(&parts.headers);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    let path = match kind {
+    let path: &[&str] = match kind {
+        Kind::Chat => &["chat", "completions"],
+        Kind::Responses => &["responses"],
+    };
+    let label = match kind {
         Kind::Chat => "/chat/completions",
         Kind::Responses => "/responses",
     };
-    let path_and_query = format!("{path}{}", parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default());
-    let relayed =
-        state.upstream.send(Outgoing { method: Method::POST, path_and_query, headers, body: forwarded.into() }).await?;
-    state.metrics.upstream(path, relayed.waited.as_secs_f64());
+    let relayed = state
+        .upstream
+        .send(Outgoing { method: Method::POST, path, query: parts.uri.query(), headers, body: forwarded.into() })
+        .await?;
+    state.metrics.upstream(label, relayed.waited.as_secs_f64());
     let mut response = relayed.response;
+    if stores {
+        let stored = match kind {
+            Kind::Chat => Stored::ChatCompletion,
+            Kind::Responses => Stored::Response,
+        };
+        response = created::record(response, stored, user, state.owners.clone()).await;
+    }
     if let Ok(v) = HeaderValue::from_str(&compact_report(&report)) {
         response.headers_mut().insert(REPORT_HEADER, v);
     }
     Ok(response)
 }
 
-/// `x-mcp-context`: who, tokens used of the budget, and counts.
+/// Whether a raw chat message is one we injected.
+fn is_ours(m: &RawValue) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Peek {
+        role: Option<String>,
+        name: Option<serde_json::Value>,
+    }
+    serde_json::from_str::<Peek>(m.get()).is_ok_and(|p| {
+        matches!(p.role.as_deref(), Some("system" | "developer"))
+            && p.name.as_ref().and_then(|n| n.as_str()) == Some(mcp_context::MESSAGE_NAME)
+    })
+}
+
+/// Our part of Responses `instructions`, ahead of the caller's string (or
+/// alone when the caller sent none or `null`). Instructions that are not a
+/// string cannot be merged with ours: refused rather than replaced.
+fn set_instructions(obj: &mut JsonObject, content: Option<&str>) -> Result<(), ApiError> {
+    let existing = match obj.get("instructions") {
+        None => None,
+        Some(v) if v.get() == "null" => None,
+        Some(v) => Some(serde_json::from_str::<String>(v.get()).map_err(|_| {
+            ApiError::bad_request(
+                "unsupported_instructions",
+                "`instructions` must be a string (or absent) for the proxy to put the context ahead of it",
+            )
+        })?),
+    };
+    let had_field = obj.get("instructions").is_some();
+    match mcp_context::compose_instructions(existing.as_deref(), content) {
+        Some(text) => obj.set("instructions", raw(&text)),
+        // Nothing to say, and the caller's own part was empty or only ours: as it was, or removed.
+        None if had_field && existing.as_deref().is_some_and(|e| e.starts_with(mcp_context::INSTRUCTIONS_OPEN)) => {
+            obj.remove("instructions")
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+/// A `previous_response_id` or `conversation` that is not the caller's is
+/// refused like a missing one: otherwise the model would see its turns.
+async fn check_continuation(state: &AppState, obj: &JsonObject, user: &str) -> Result<(), ApiError> {
+    if let Some(id) = obj.parse_field::<Option<String>>("previous_response_id")?.flatten() {
+        owned(state, Stored::Response, &id, user).await?;
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Conversation {
+        Id(String),
+        Object { id: String },
+    }
+    if let Some(c) = obj.parse_field::<Option<Conversation>>("conversation")?.flatten() {
+        let (Conversation::Id(id) | Conversation::Object { id }) = c;
+        owned(state, Stored::Conversation, &id, user).await?;
+    }
+    Ok(())
+}
+
+/// Ok when `user` owns `id`; the 404 of a missing object otherwise.
+async fn owned(state: &AppState, kind: Stored, id: &str, user: &str) -> Result<(), ApiError> {
+    match state.owners.check(kind, id, user).await {
+        Verdict::Owner => Ok(()),
+        Verdict::NotOwner => Err(ApiError::new(
+            404,
+            "invalid_request_error",
+            "not_found",
+            format!("No {} found with id '{}'.", kind.name(), id.escape_debug()),
+        )),
+        Verdict::Unknown => Err(ApiError::new(
+            503,
+            "server_error",
+            "ownership_unavailable",
+            "Whose object this is cannot be checked now (the shared cache is unreachable); retry shortly",
+        )),
+    }
+}
+
+/// The body's `user` and `safety_identifier`, when the caller sent them,
+/// become what `serve.upstream_user` says: never a name the caller chose.
+fn name_upstream_user(s: &ServeSettings, obj: &mut JsonObject, user: &str) {
+    for k in ["user", "safety_identifier"] {
+        if obj.get(k).is_none() {
+            continue;
+        }
+        match s.upstream_user {
+            UpstreamUser::Identified => obj.set(k, raw(user)),
+            UpstreamUser::Pseudonym => obj.set(k, raw(&pseudonym(s.pseudonym_key.as_deref().unwrap_or(""), user))),
+            UpstreamUser::Drop => obj.remove(k),
+        }
+    }
+}
+
+/// HMAC-SHA256 of the user name under the operator's key, hex: stable per
+/// user, not reversible without the key.
+fn pseudonym(key: &str, user: &str) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).expect("HMAC takes any key");
+    mac.update(user.as_bytes());
+    mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `x-mcp-context`: who, tokens used of the budget, and counts of what the
+/// caller's own context holds or lost (budget, read errors, failed servers),
+/// never of what the caller is denied.
 fn compact_report(r: &Report) -> String {
     let user: String =
         r.user.chars().map(|c| if c.is_ascii_graphic() && c != ';' && c != '"' { c } else { '_' }).collect();
+    let count = |reason: ExcludeReason| r.excluded.iter().filter(|e| e.reason == reason).count();
     format!(
-        "user={user}; tokens={}/{}; included={}; truncated={}; excluded={}; failed={}",
+        "user={user}; tokens={}/{}; included={}; truncated={}; over_budget={}; errors={}; failed={}",
         r.tokens,
         r.budget,
         r.included.len(),
         r.included.iter().filter(|i| i.truncated).count(),
-        r.excluded.len(),
+        count(ExcludeReason::Budget),
+        count(ExcludeReason::Error),
         r.failed_servers.len()
     )
 }
 
-/// The body, at most `limit` bytes (413 past it, whatever the framing).
-async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        if is_length_limit(&e) {
-            ApiError::too_large(limit)
-        } else {
-            ApiError::bad_request("invalid_body", format!("The request body could not be read: {e}"))
-        }
-    })
+/// A stored object: relayed only for its owner; anyone else gets the 404 a
+/// missing id gets, and the upstream is not asked.
+async fn stored_object(state: &Shared, req: Request, kind: Stored, id: &str) -> Result<Response, ApiError> {
+    let (who, _) = caller(state, req.headers())?;
+    let user = match who {
+        FromHeaders::User(u, _) => u,
+        // No body names anyone on a read: anonymous_user, else 401.
+        FromHeaders::Body => identity::from_body(&state.settings, None)?.0,
+    };
+    owned(state, kind, id, &user).await?;
+    relay_other(state, req, None).await
 }
 
-/// A declared body over the limit is refused before it is read.
-fn check_length(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    match declared {
-        Some(n) if n > limit as u64 => Err(ApiError::too_large(limit)),
-        _ => Ok(()),
-    }
-}
-
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut cause: Option<&dyn std::error::Error> = Some(e);
-    while let Some(c) = cause {
-        if c.to_string().contains("length limit exceeded") {
-            return true;
+/// Anything relayed without injection (the allowlist, stored objects,
+/// conversations): the caller identified (unless the upstream authenticates
+/// callers itself, `forward_authorization`), the body read within its limits
+/// and relayed, with `user` / `safety_identifier` in a JSON body named as
+/// for chat. With `created`, the new object's id is recorded as the caller's.
+async fn relay_other(state: &Shared, req: Request, created: Option<Stored>) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let s = &state.settings;
+    let (who, budgets) = if s.forward_authorization && created.is_none() {
+        (None, vec![&state.bodies, &state.unidentified])
+    } else {
+        let (who, budgets) = caller(state, &parts.headers)?;
+        let user = match who {
+            FromHeaders::User(u, _) => u,
+            FromHeaders::Body => identity::from_body(s, None)?.0,
+        };
+        (Some(user), budgets)
+    };
+    let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
+    let is_json = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"));
+    let bytes = match (&who, is_json && !read.bytes.is_empty()) {
+        (Some(user), true) => {
+            let mut obj = JsonObject::parse(&read.bytes)?;
+            name_upstream_user(s, &mut obj, user);
+            obj.to_vec().into()
         }
-        cause = c.source();
+        _ => read.bytes.clone(),
+    };
+    let path = Canonical::parse(parts.uri.path())?;
+    let segments = path.segments();
+    let headers = state.upstream.headers_for_upstream(&parts.headers);
+    let relayed = state
+        .upstream
+        .send(Outgoing {
+            method: parts.method,
+            path: &segments[1..],
+            query: parts.uri.query(),
+            headers,
+            body: bytes.into(),
+        })
+        .await?;
+    drop(read);
+    state.metrics.upstream("passthrough", relayed.waited.as_secs_f64());
+    match (created, who) {
+        (Some(kind), Some(user)) => Ok(created::record(relayed.response, kind, user, state.owners.clone()).await),
+        _ => Ok(relayed.response),
     }
-    false
-}
-
-/// Anything else under `/v1/` (`GET /v1/models`, embeddings, files…):
-/// relayed unchanged, no injection. Callers must still be identified unless
-/// the upstream authenticates them itself (`forward_authorization`).
-async fn passthrough(State(state): State<Shared>, req: Request) -> Response {
-    async move {
-        let (parts, body) = req.into_parts();
-        if !state.settings.forward_authorization {
-            identity::identify(&state.settings, &parts.headers, None)?;
-        }
-        check_length(&parts.headers, state.settings.max_body_bytes)?;
-        let path = parts.uri.path().strip_prefix("/v1").unwrap_or(parts.uri.path());
-        let path_and_query = format!("{path}{}", parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default());
-        let headers = state.upstream.headers_for_upstream(&parts.headers);
-        // Read whole, within `max_body_bytes`: a chunked body (no
-        // Content-Length) is bounded like a declared one, and refused with a
-        // 413 before anything reaches the upstream.
-        let body = read_body(body, state.settings.max_body_bytes).await?;
-        let relayed =
-            state.upstream.send(Outgoing { method: parts.method, path_and_query, headers, body: body.into() }).await?;
-        state.metrics.upstream("passthrough", relayed.waited.as_secs_f64());
-        Ok::<_, ApiError>(relayed.response)
-    }
-    .await
-    .unwrap_or_else(IntoResponse::into_response)
 }
 
 /// Ready once the config and policy are loaded (they are, or the process
-/// would not be listening); MCP servers being down is `degraded`, still 200.
-/// While draining after SIGTERM: 503.
-async fn readyz(State(state): State<Shared>) -> Response {
-    let servers: Vec<_> = state
-        .ctx
-        .hub()
-        .status()
-        .into_iter()
-        .map(|s| {
-            serde_json::json!({
-                "name": s.name,
-                "state": if s.connected { "connected" } else { "down" },
-                "protocol": s.protocol,
-                "resources": s.resources,
-                "restarts": s.restarts,
-                "problem": s.problem,
-            })
-        })
-        .collect();
+/// would not be listening); MCP servers or the shared cache being down is
+/// `degraded`, still 200. While draining after SIGTERM: 503. Only the status
+/// is shown (anyone may ask); `serve.readyz_details: true` adds the policy
+/// path, each server's state and the shared cache's.
+fn readyz(state: &AppState) -> Response {
+    let status = state.ctx.hub().status();
     // A shared cache that is down degrades, never blocks: requests go on
     // with the local cache and MCP reads.
     let shared = state.ctx.shared_cache_status();
-    let degraded = servers.iter().any(|s| s["state"] != "connected") || shared.as_ref().is_some_and(|s| !s.up);
+    let degraded = status.iter().any(|s| !s.connected) || shared.as_ref().is_some_and(|s| !s.up);
     let draining = state.draining.load(Ordering::SeqCst);
-    let status = if draining {
+    let word = if draining {
         "draining"
     } else if degraded {
         "degraded"
     } else {
         "ready"
     };
-    let body = serde_json::json!({
-        "status": status,
-        "policy": state.policy_path.as_ref().map_or("allow-all (no policy configured)".into(), |p| p.display().to_string()),
-        "servers": servers,
-        "shared_cache": shared,
-    });
+    let mut body = serde_json::json!({ "status": word });
+    if state.settings.readyz_details {
+        let servers: Vec<_> = status
+            .into_iter()
+            .map(|s| {
+                serde_json::json!({
+                    "name": s.name,
+                    "state": if s.connected { "connected" } else { "down" },
+                    "protocol": s.protocol,
+                    "resources": s.resources,
+                    "restarts": s.restarts,
+                    "problem": s.problem,
+                })
+            })
+            .collect();
+        body["policy"] = state
+            .policy_path
+            .as_ref()
+            .map_or("allow-all (no policy configured)".into(), |p| p.display().to_string())
+            .into();
+        body["servers"] = servers.into();
+        body["shared_cache"] = serde_json::to_value(shared).unwrap_or_default();
+    }
     let code = if draining { axum::http::StatusCode::SERVICE_UNAVAILABLE } else { axum::http::StatusCode::OK };
     (code, axum::Json(body)).into_response()
 }
 
-async fn metrics(State(state): State<Shared>) -> Response {
+fn metrics(state: &AppState) -> Response {
     let text = state.metrics.render(state.ctx.hub(), state.ctx.shared_cache_status());
     let mut r = Response::new(Body::from(text));
     r.headers_mut().insert(
@@ -409,35 +702,24 @@ async fn metrics(State(state): State<Shared>) -> Response {
     r
 }
 
-/// `listener`, its connections with `TCP_NODELAY` set (axum leaves it off).
-/// A streamed answer is many small writes, and under Nagle's algorithm each
-/// one waits while the last is unacknowledged, which a client that delays
-/// its ACKs (Linux: up to 40 ms) turns into stalls: measured on the MCP side
-/// (`bench_shared`, an HTTP server without it), 200 reads on 2025-11-25 took
-/// 595 ms instead of 157 ms.
-fn without_nagle(
-    listener: tokio::net::TcpListener,
-) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
-    use axum::serve::ListenerExt;
-    let tap: fn(&mut tokio::net::TcpStream) = |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
-        }
-    };
-    listener.tap_io(tap)
-}
-
 #[cfg(test)]
 mod tests {
-    use axum::serve::Listener;
-
     #[tokio::test]
     async fn accepted_connections_do_not_wait_for_acknowledgements() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut listener = super::without_nagle(listener);
         let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (conn, _) = listener.accept().await;
+        let (conn, _) = listener.accept().await.unwrap();
+        super::listen::nodelay(&conn);
         assert!(conn.nodelay().unwrap(), "TCP_NODELAY is off on an accepted connection");
+    }
+
+    #[test]
+    fn pseudonyms_are_stable_keyed_and_distinct() {
+        let a = super::pseudonym("k1-0123456789abcdef", "alice");
+        assert_eq!(a, super::pseudonym("k1-0123456789abcdef", "alice"));
+        assert_ne!(a, super::pseudonym("k2-0123456789abcdef", "alice"));
+        assert_ne!(a, super::pseudonym("k1-0123456789abcdef", "bob"));
+        assert_eq!(a.len(), 64);
     }
 }

@@ -16,6 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
 use super::identity::bearer;
+use super::path::Base;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and those we set ourselves.
 const NOT_FORWARDED: &[&str] = &[
@@ -36,9 +37,16 @@ const NOT_FORWARDED: &[&str] = &[
     "accept-encoding",
 ];
 
+/// Headers that choose what the operator's key acts on (another
+/// organisation or project of the same account): never taken from a caller
+/// when the proxy sends its own key.
+const OPERATOR_SCOPE: &[&str] = &["openai-organization", "openai-project"];
+
 /// The upstream: where to send, with which credentials, how many at once.
 pub struct Upstream {
-    pub base: String,
+    base: Base,
+    /// The base URL for messages, without credentials or query.
+    redacted: String,
     client: reqwest::Client,
     api_key: Option<HeaderValue>,
     forward_authorization: bool,
@@ -48,10 +56,12 @@ pub struct Upstream {
 }
 
 /// A request to send upstream.
-pub struct Outgoing {
+pub struct Outgoing<'a> {
     pub method: Method,
-    /// Path below the base, with its query (e.g. `/chat/completions`).
-    pub path_and_query: String,
+    /// Checked path segments below the base (e.g. `["chat", "completions"]`).
+    pub path: &'a [&'a str],
+    /// The caller's query, if any (after the base's own).
+    pub query: Option<&'a str>,
     pub headers: HeaderMap,
     pub body: reqwest::Body,
 }
@@ -83,7 +93,8 @@ impl Upstream {
             });
         let user_header = s.user_header.as_deref().and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok());
         Ok(Self {
-            base: base.trim_end_matches('/').to_owned(),
+            redacted: redact(&base),
+            base: Base::parse(&base).map_err(|e| anyhow::anyhow!("upstream `{}`: {e}", redact(&base)))?,
             client,
             api_key,
             forward_authorization: s.forward_authorization,
@@ -93,6 +104,11 @@ impl Upstream {
         })
     }
 
+    /// The base URL for messages and logs (no credentials, no query).
+    pub fn redacted(&self) -> &str {
+        &self.redacted
+    }
+
     /// The caller's headers minus hop-by-hop ones, our identity header and
     /// its `Authorization`; then the upstream credentials: the configured
     /// key, or the caller's own `Authorization` (never both: the config
@@ -100,7 +116,10 @@ impl Upstream {
     pub fn headers_for_upstream(&self, incoming: &HeaderMap) -> HeaderMap {
         let mut out = HeaderMap::with_capacity(incoming.len());
         for (k, v) in incoming {
-            if NOT_FORWARDED.contains(&k.as_str()) || self.user_header.as_ref() == Some(k) {
+            if NOT_FORWARDED.contains(&k.as_str())
+                || self.user_header.as_ref() == Some(k)
+                || (!self.forward_authorization && OPERATOR_SCOPE.contains(&k.as_str()))
+            {
                 continue;
             }
             out.append(k.clone(), v.clone());
@@ -118,15 +137,15 @@ impl Upstream {
     /// Sends the request and relays the response (status, headers that
     /// matter, body as a stream). Waits for a slot when `max_concurrent_upstream`
     /// requests are in flight; the slot is held until the body is relayed.
-    pub async fn send(&self, out: Outgoing) -> Result<Relayed, ApiError> {
+    pub async fn send(&self, out: Outgoing<'_>) -> Result<Relayed, ApiError> {
         let permit = self.permits.clone().acquire_owned().await.map_err(|_| unavailable())?;
-        let url = format!("{}{}", self.base, out.path_and_query);
+        let url = self.base.join(out.path, out.query);
         let started = Instant::now();
-        let request = self.client.request(out.method, &url).headers(out.headers).body(out.body);
+        let request = self.client.request(out.method, url).headers(out.headers).body(out.body);
         let response = match tokio::time::timeout(self.timeout, request.send()).await {
             Err(_) => return Err(timeout(self.timeout)),
             Ok(Err(e)) if e.is_timeout() => return Err(timeout(self.timeout)),
-            Ok(Err(e)) => return Err(unreachable(&self.base, &e)),
+            Ok(Err(e)) => return Err(unreachable(&self.redacted, &e)),
             Ok(Ok(r)) => r,
         };
         let waited = started.elapsed();
@@ -168,12 +187,12 @@ fn unavailable() -> ApiError {
     ApiError::new(503, "server_error", "shutting_down", "The proxy is shutting down")
 }
 
-fn unreachable(base: &str, e: &reqwest::Error) -> ApiError {
+fn unreachable(redacted: &str, e: &reqwest::Error) -> ApiError {
     ApiError::new(
         502,
         "upstream_error",
         "upstream_unreachable",
-        format!("The upstream {} could not be reached: {}", redact(base), describe(e)),
+        format!("The upstream {redacted} could not be reached: {}", describe(e)),
     )
 }
 

@@ -4,6 +4,7 @@
 #[path = "../support/fixture.rs"]
 mod handler;
 
+mod attack;
 mod bench;
 mod cache;
 mod chatbot;

@@ -70,7 +70,7 @@ fn config(mcp_url: &str, redis_url: &str, prefix: &str) -> String {
     format!(
         "servers:\n  kb:\n    url: {mcp_url}\n    protocol: \"2025-11-25\"\ncontext:\n  max_tokens: 4000\n\
          cache:\n  backend: redis\n  url: {redis_url}\n  key_prefix: \"{prefix}\"\n  timeout_ms: 300\n\
-         serve:\n{}",
+         serve:\n{}  readyz_details: true\n",
         default_serve()
     )
 }
