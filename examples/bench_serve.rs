@@ -148,6 +148,7 @@ async fn main() {
     let warm = Instant::now();
     let r = client
         .post(&via)
+        .header("content-type", "application/json")
         .body(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#)
         .send()
         .await

@@ -1417,6 +1417,17 @@ mod tests {
             ("serve:\n  user_header: \"a b\"\n", ":2", "not an HTTP header name"),
             ("serve:\n  max_body_bytes: 0\n", ":2", "at least 1"),
             ("serve:\n  keys_file: nope.yaml\n", "nope.yaml", "cannot read serve.keys_file"),
+            (
+                "serve:\n  keys:\n    - { sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, user: \"a\\nb\" }\n",
+                "3:",
+                "control characters",
+            ),
+            ("serve:\n  anonymous_user: \"\"\n", ":2", "cannot be empty"),
+            ("serve:\n  passthrough: [\"GET /v1/files\", \"GET /v2/x\"]\n", ":2", "must start with `/v1/`"),
+            ("serve:\n  passthrough:\n    - \"FETCH /v1/x\"\n", ":3", "not GET, POST"),
+            ("serve:\n  passthrough:\n    - \"GET /v1/../admin\"\n", ":3", "not a path segment"),
+            ("serve:\n  upstream_user: pseudonym\n", ":2", "needs `pseudonym_key`"),
+            ("serve:\n  max_body_bytes: 2000\n  max_inflight_body_bytes: 1000\n", ":2", "more than"),
         ];
         for (src, loc, needle) in cases {
             let e = load(src).unwrap_err().to_string();

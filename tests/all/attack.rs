@@ -792,3 +792,40 @@ async fn a_guest_learns_nothing_about_what_he_is_denied() {
     let v: Value = c.get(format!("{}/readyz", p2.url)).send().await.unwrap().json().await.unwrap();
     assert_eq!(v["servers"][0]["name"], "demo");
 }
+
+#[tokio::test]
+async fn replicas_on_one_redis_know_whose_object_it_is() {
+    let url = std::env::var("MCP_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let mut redis =
+        match redis::Client::open(url.as_str()).and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2))) {
+            Ok(c) => c,
+            Err(e) => {
+                return crate::common::skip("replicas_on_one_redis_know_whose_object_it_is", &format!("no Redis: {e}"));
+            }
+        };
+    let up = StoreUpstream::start("/v1", "").await;
+    let t = crate::common::tag();
+    let prefix = format!("mcp-context-test:{t}:");
+    let body = format!(
+        "servers:\n{}policy: policies/\ncontext:\n  max_tokens: 4000\ncache:\n  backend: redis\n  url: {url}\n  \
+         key_prefix: \"{prefix}\"\nserve:\n{}",
+        crate::common::demo_server("demo", &t),
+        default_serve()
+    );
+    let a = Proxy::start_config(&body, &up.base, t.clone()).await;
+    let b = Proxy::start_config(&body, &up.base, crate::common::tag()).await;
+    let r = a.post("/v1/responses", Some("key-alice"), &json!({"model": "m", "input": "hi"})).send().await.unwrap();
+    let id = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/responses/{id}");
+    assert_eq!(call(&b, "GET", &path, "key-bob").await.0, 404, "bob on the other replica");
+    assert_eq!(call(&b, "GET", &path, "key-alice").await.0, 200, "alice on the other replica");
+    let key = format!("{prefix}owner:response:{id}");
+    let ttl: i64 = redis::cmd("TTL").arg(&key).query(&mut redis).unwrap();
+    assert!(ttl > 29 * 86_400 && ttl <= 30 * 86_400, "the record lives as long as the upstream keeps it: {ttl}");
+    let stored: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut redis).unwrap();
+    assert!(!String::from_utf8_lossy(&stored).contains("alice"), "a digest, not the name");
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query(&mut redis).unwrap();
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL").arg(keys).query(&mut redis).unwrap();
+    }
+}
