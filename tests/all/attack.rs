@@ -829,3 +829,26 @@ async fn replicas_on_one_redis_know_whose_object_it_is() {
         let _: () = redis::cmd("DEL").arg(keys).query(&mut redis).unwrap();
     }
 }
+
+#[tokio::test]
+async fn open_connections_are_capped_and_a_slot_frees_when_a_slow_client_is_cut_off() {
+    let up = StoreUpstream::start("/v1", "").await;
+    let serve = format!("{}  max_connections: 3\n  header_timeout_ms: 1500\n", default_serve());
+    let proxy = Proxy::start(&serve, &up.base).await;
+    let addr = proxy.url.trim_start_matches("http://").to_owned();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A fourth connection is not served while three are open…
+    let started = std::time::Instant::now();
+    let (status, _, _) = raw_http(&proxy.url, "GET /healthz HTTP/1.1\nHost: {host}\nConnection: close\n\n", b"").await;
+    // …until the slow ones are cut off by the header timeout.
+    assert_eq!(status, 200);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(900), "served at once: {waited:?}, so there is no cap");
+    drop(held);
+}
