@@ -149,32 +149,39 @@ struct Commands {
     config: redis::AsyncConnectionConfig,
     /// The connection and its number (a failure drops only the connection
     /// it happened on, not a newer one).
-    current: tokio::sync::Mutex<Option<(u64, MultiplexedConnection)>>,
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// Held while connecting: concurrent commands wait for one connection
+    /// attempt instead of each making one.
+    connecting: tokio::sync::Mutex<()>,
     made: AtomicU64,
 }
 
 impl Commands {
-    /// The current connection, or a new one. A tokio mutex: concurrent
-    /// commands wait for one connection attempt instead of each making one.
+    fn current(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current connection, or a new one.
     async fn get(&self) -> redis::RedisResult<(u64, MultiplexedConnection)> {
-        let mut slot = self.current.lock().await;
-        if let Some((n, c)) = &*slot {
-            return Ok((*n, c.clone()));
+        if let Some(c) = self.current().clone() {
+            return Ok(c);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(c) = self.current().clone() {
+            return Ok(c);
         }
         let c = self.client.get_multiplexed_async_connection_with_config(&self.config).await?;
         let n = self.made.fetch_add(1, Ordering::Relaxed) + 1;
-        *slot = Some((n, c.clone()));
+        *self.current() = Some((n, c.clone()));
         Ok((n, c))
     }
 
-    /// Drops connection `n` (all of them with `None`) if it is still the current one.
+    /// Drops connection `n` (whichever is current with `None`) if it is
+    /// still the current one.
     fn drop_connection(&self, n: Option<u64>) {
-        // Never waits: a connection attempt in progress holds the lock and
-        // will put a fresh connection in place anyway.
-        if let Ok(mut slot) = self.current.try_lock()
-            && slot.as_ref().is_some_and(|(m, _)| n.is_none_or(|n| n == *m))
-        {
-            *slot = None;
+        let mut current = self.current();
+        if current.as_ref().is_some_and(|(m, _)| n.is_none_or(|n| n == *m)) {
+            *current = None;
         }
     }
 }
@@ -326,7 +333,8 @@ impl SharedCache {
             config: redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(settings.timeout))
                 .set_response_timeout(Some(settings.timeout)),
-            current: tokio::sync::Mutex::new(None),
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
             made: AtomicU64::new(0),
         };
         let identity: HashMap<String, String> =
