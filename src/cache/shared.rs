@@ -19,6 +19,9 @@
 //!   content back after the change was announced.
 //! - `P l:S:U`, the single-flight lock (`SET NX PX`, the holder's replica
 //!   id): one replica reads a cold resource, the others wait for its answer.
+//!   The lookup and the lock are one script ([`CLAIM`]): a replica that
+//!   finds no answer holds the lock in the same step, so an answer stored
+//!   between its lookup and its lock can never send it to the MCP server.
 //! - channel `P events`: invalidations (every replica drops its local copy)
 //!   and "filled" notes (waiters look again at once instead of at their next
 //!   poll).
@@ -27,6 +30,14 @@
 //! the shared cache down for [`RETRY_AFTER`] and requests go on with the
 //! local cache and MCP reads. A replica whose event subscription broke may
 //! have missed invalidations: when it is back it drops its local entries.
+//!
+//! Connections: one multiplexed connection for commands and scripts
+//! ([`Commands`]), dropped after any failure so that the next command
+//! connects afresh, and one for the event subscription, made again after
+//! any break. The shared cache counts as up only while the subscription is
+//! up and the last command succeeded; after a break the listener sends a
+//! `PING` as soon as it has subscribed again, so a restarted Redis is used
+//! from the next request on.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -36,7 +47,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
+use redis::aio::MultiplexedConnection;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, mpsc};
 
@@ -111,10 +122,72 @@ struct Health {
     down_until: Option<Instant>,
     error: Option<String>,
     subscribed: bool,
+    /// The last command succeeded (false until one has).
+    commands: bool,
+}
+
+/// What [`SharedCache::claim`] found.
+enum Claim {
+    /// A live answer for this user.
+    Found(Found),
+    /// No answer, and this replica now holds the lock: it reads.
+    Locked(String),
+    /// No answer; another replica holds the lock.
+    Held(String),
+    /// An entry this replica cannot use (undecodable): it reads without
+    /// the lock, and its answer replaces the entry.
+    Unusable(String),
+}
+
+/// The connection for commands and scripts: one multiplexed connection,
+/// made on first use and dropped after any failure, so that the next
+/// command connects afresh. (redis' `ConnectionManager` kept a failed
+/// reconnection attempt as its connection, or a dead connection until a
+/// command failed on it: a restarted Redis was never used again, issue 29.)
+struct Commands {
+    client: redis::Client,
+    config: redis::AsyncConnectionConfig,
+    /// The connection and its number (a failure drops only the connection
+    /// it happened on, not a newer one).
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// Held while connecting: concurrent commands wait for one connection
+    /// attempt instead of each making one.
+    connecting: tokio::sync::Mutex<()>,
+    made: AtomicU64,
+}
+
+impl Commands {
+    fn current(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current connection, or a new one.
+    async fn get(&self) -> redis::RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(c) = self.current().clone() {
+            return Ok(c);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(c) = self.current().clone() {
+            return Ok(c);
+        }
+        let c = self.client.get_multiplexed_async_connection_with_config(&self.config).await?;
+        let n = self.made.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.current() = Some((n, c.clone()));
+        Ok((n, c))
+    }
+
+    /// Drops connection `n` (whichever is current with `None`) if it is
+    /// still the current one.
+    fn drop_connection(&self, n: Option<u64>) {
+        let mut current = self.current();
+        if current.as_ref().is_some_and(|(m, _)| n.is_none_or(|n| n == *m)) {
+            *current = None;
+        }
+    }
 }
 
 pub(crate) struct SharedCache {
-    conn: ConnectionManager,
+    commands: Commands,
     settings: CacheSettings,
     redacted_url: String,
     channel: String,
@@ -134,6 +207,7 @@ pub(crate) struct SharedCache {
     store: redis::Script,
     store_derived: redis::Script,
     unlock: redis::Script,
+    claim: redis::Script,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -169,6 +243,27 @@ if cur and string.sub(cur, 2, 33) == string.sub(ARGV[2], 2, 33)
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 ";
+
+/// The lookup and the lock in one step: the user's private answer and the
+/// public one (`KEYS[1]`, fields `ARGV[1]` and `p`), the generation
+/// (`KEYS[2]`) and, when neither answer is live, `SET NX PX` on the lock
+/// (`KEYS[3]`, value `ARGV[3]`, life `ARGV[4]` ms). The fourth value says
+/// 0: an answer is live (`ARGV[2]` is the time now, in ms; a value starts
+/// with its expiry, `{"x":…`); 1: the lock is this replica's now; 2:
+/// another holds it.
+const CLAIM: &str = r#"
+local v = redis.call('HMGET', KEYS[1], ARGV[1], 'p')
+local g = redis.call('GET', KEYS[2]) or '0'
+local now = tonumber(ARGV[2])
+for i = 1, 2 do
+  if v[i] then
+    local x = tonumber(string.match(v[i], '^{"x":(%d+)'))
+    if x == nil or x > now then return {v[1], v[2], g, 0} end
+  end
+end
+if redis.call('SET', KEYS[3], ARGV[3], 'NX', 'PX', ARGV[4]) then return {v[1], v[2], g, 1} end
+return {v[1], v[2], g, 2}
+"#;
 
 /// Releases the lock only if this replica still holds it.
 const UNLOCK: &str = r"
@@ -233,12 +328,15 @@ impl SharedCache {
             }
         }
         .map_err(|e| config_error(format!("cache.url `{redacted_url}`: {e}")))?;
-        let manager_config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(settings.timeout))
-            .set_response_timeout(Some(settings.timeout))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)
-            .map_err(|e| Error::Other(format!("shared cache at {redacted_url}: {e}")))?;
+        let commands = Commands {
+            client: client.clone(),
+            config: redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(settings.timeout))
+                .set_response_timeout(Some(settings.timeout)),
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            made: AtomicU64::new(0),
+        };
         let identity: HashMap<String, String> =
             config.servers.iter().map(|s| (s.name.clone(), identity(&s.name, &s.transport))).collect();
         let by_identity = identity.iter().map(|(n, i)| (i.clone(), n.clone())).collect();
@@ -247,7 +345,7 @@ impl SharedCache {
         let random = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8);
         let replica = digest(&[&random.to_string(), &std::process::id().to_string(), &now_ms().to_string()]);
         let shared = Arc::new(Self {
-            conn,
+            commands,
             channel: format!("{}events", settings.key_prefix),
             settings,
             redacted_url,
@@ -265,6 +363,7 @@ impl SharedCache {
             store: redis::Script::new(STORE),
             store_derived: redis::Script::new(STORE_DERIVED),
             unlock: redis::Script::new(UNLOCK),
+            claim: redis::Script::new(CLAIM),
             task: Mutex::new(None),
         });
         let task = tokio::spawn(listen(Arc::downgrade(&shared), client, remote));
@@ -279,7 +378,9 @@ impl SharedCache {
 
     pub(crate) fn status(&self) -> SharedCacheStatus {
         let h = self.health();
-        let down = h.down_until.is_some_and(|t| t > Instant::now()) || !h.subscribed;
+        // Up only once a command has gone through on the current
+        // connections: a subscription alone does not say commands work.
+        let down = h.down_until.is_some_and(|t| t > Instant::now()) || !h.subscribed || !h.commands;
         SharedCacheStatus {
             up: !down,
             error: if down { h.error.clone().or_else(|| Some("not connected yet".into())) } else { None },
@@ -329,8 +430,10 @@ impl SharedCache {
         if asked.is_empty() {
             return out;
         }
-        let mut conn = self.conn.clone();
-        if let Some(values) = self.run("derived lookup", pipe.query_async::<Vec<Option<Vec<u8>>>>(&mut conn)).await {
+        if let Some(values) = self
+            .run("derived lookup", |mut c| async move { pipe.query_async::<Vec<Option<Vec<u8>>>>(&mut c).await })
+            .await
+        {
             for (i, v) in asked.into_iter().zip(values) {
                 out[i] = v;
             }
@@ -353,8 +456,9 @@ impl SharedCache {
                     .arg(record);
             }
         }
-        let mut conn = self.conn.clone();
-        if let Some(stored) = self.run("derived store", pipe.query_async::<Vec<i64>>(&mut conn)).await {
+        if let Some(stored) =
+            self.run("derived store", |mut c| async move { pipe.query_async::<Vec<i64>>(&mut c).await }).await
+        {
             self.derived_stored.fetch_add(stored.iter().sum::<i64>() as u64, Ordering::Relaxed);
         }
     }
@@ -363,21 +467,41 @@ impl SharedCache {
         self.derived_hits.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// Runs one Redis command under the timeout; a failure marks the shared
-    /// cache down for [`RETRY_AFTER`].
-    async fn run<T>(&self, what: &str, f: impl Future<Output = redis::RedisResult<T>>) -> Option<T> {
+    /// Runs one Redis command under the timeout, unless the shared cache
+    /// is down; a failure marks it down for [`RETRY_AFTER`].
+    async fn run<T, F>(&self, what: &str, command: impl FnOnce(MultiplexedConnection) -> F) -> Option<T>
+    where
+        F: Future<Output = redis::RedisResult<T>>,
+    {
         {
             let h = self.health();
             if h.down_until.is_some_and(|t| t > Instant::now()) {
                 return None;
             }
         }
-        let cause = match tokio::time::timeout(self.settings.timeout, f).await {
+        self.exec(what, command).await
+    }
+
+    /// [`run`](Self::run) even while the shared cache is down: the
+    /// listener's probe, whose success ends the down time.
+    async fn exec<T, F>(&self, what: &str, command: impl FnOnce(MultiplexedConnection) -> F) -> Option<T>
+    where
+        F: Future<Output = redis::RedisResult<T>>,
+    {
+        let mut used = None;
+        let outcome = tokio::time::timeout(self.settings.timeout, async {
+            let (n, conn) = self.commands.get().await?;
+            used = Some(n);
+            command(conn).await
+        })
+        .await;
+        let cause = match outcome {
             Ok(Ok(v)) => {
                 let mut h = self.health();
-                if h.down_until.take().is_some() {
+                if h.down_until.take().is_some() || !h.commands {
                     tracing::info!(target: "mcp_context::cache", url = %self.redacted_url, "shared cache is back");
                 }
+                h.commands = true;
                 if h.subscribed {
                     h.error = None;
                 }
@@ -386,6 +510,9 @@ impl SharedCache {
             Ok(Err(e)) => describe(&e),
             Err(_) => format!("no answer within {} ms", self.settings.timeout.as_millis()),
         };
+        // Whatever failed (a dead or hung connection, a refused connect, an
+        // error reply), the next command starts on a new connection.
+        self.commands.drop_connection(used);
         self.errors.fetch_add(1, Ordering::Relaxed);
         let message = format!("Redis at {}: {what}: {cause}", self.redacted_url);
         let mut h = self.health();
@@ -393,37 +520,48 @@ impl SharedCache {
             tracing::warn!(target: "mcp_context::cache", "shared cache down, going on without it: {message}");
         }
         h.down_until = Some(Instant::now() + RETRY_AFTER);
+        h.commands = false;
         h.error = Some(message);
         None
     }
 
-    /// The shared answer for `user`, its generation and whether another
-    /// replica holds the lock, in one round trip.
-    async fn lookup(&self, k: &Keys, user: &str) -> Option<(Option<Found>, String, bool)> {
-        let mut conn = self.conn.clone();
-        let field = Self::user_field(user);
-        let (values, generation, locked): (Vec<Option<Vec<u8>>>, Option<String>, bool) = self
-            .run(
-                "lookup",
-                redis::pipe()
-                    .cmd("HMGET")
-                    .arg(&k.data)
-                    .arg(&field)
-                    .arg("p")
-                    .cmd("GET")
-                    .arg(&k.generation)
-                    .cmd("EXISTS")
-                    .arg(&k.lock)
-                    .query_async(&mut conn),
-            )
-            .await?;
+    /// A `PING` on the command connection, down or not.
+    async fn probe(&self) -> bool {
+        self.exec("ping", |mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await }).await.is_some()
+    }
+
+    fn commands_ok(&self) -> bool {
+        self.health().commands
+    }
+
+    /// The user's live answer, or the lock, in one round trip ([`CLAIM`]);
+    /// `None` when Redis failed.
+    async fn claim(&self, k: &Keys, user: &str) -> Option<Claim> {
+        // One "now" for the script and for the decoding below: an answer
+        // the script saw live is never found expired here.
         let now = now_ms();
+        let mut invocation = self.claim.prepare_invoke();
+        invocation
+            .key(&k.data)
+            .key(&k.generation)
+            .key(&k.lock)
+            .arg(Self::user_field(user))
+            .arg(now)
+            .arg(&self.replica)
+            .arg(self.settings.lock.as_millis() as u64);
+        let (mine, public, generation, state): (Option<Vec<u8>>, Option<Vec<u8>>, String, i64) =
+            self.run("lookup", |mut c| async move { invocation.invoke_async(&mut c).await }).await?;
         // The user's own private answer first, then the public one.
-        let found = values.into_iter().flatten().find_map(|v| {
+        let found = [mine, public].into_iter().flatten().find_map(|v| {
             let s: Stored = serde_json::from_slice(&v).ok()?;
             (s.x > now).then(|| Found { contents: s.c, remaining: Duration::from_millis(s.x - now) })
         });
-        Some((found, generation.unwrap_or_else(|| "0".into()), locked))
+        Some(match (found, state) {
+            (Some(f), _) => Claim::Found(f),
+            (None, 1) => Claim::Locked(generation),
+            (None, 2) => Claim::Held(generation),
+            (None, _) => Claim::Unusable(generation),
+        })
     }
 
     async fn put(&self, k: &Keys, user: &str, contents: &Contents, life: Duration, generation: &str) -> bool {
@@ -432,20 +570,9 @@ impl SharedCache {
         let Ok(value) = serde_json::to_vec(&Stored { x: now_ms() + life_ms, c: contents.clone() }) else {
             return false;
         };
-        let mut conn = self.conn.clone();
-        let stored: Option<i64> = self
-            .run(
-                "store",
-                self.store
-                    .key(&k.data)
-                    .key(&k.generation)
-                    .arg(generation)
-                    .arg(field)
-                    .arg(value)
-                    .arg(life_ms)
-                    .invoke_async(&mut conn),
-            )
-            .await;
+        let mut invocation = self.store.prepare_invoke();
+        invocation.key(&k.data).key(&k.generation).arg(generation).arg(field).arg(value).arg(life_ms);
+        let stored: Option<i64> = self.run("store", |mut c| async move { invocation.invoke_async(&mut c).await }).await;
         stored == Some(1)
     }
 
@@ -453,15 +580,15 @@ impl SharedCache {
         let Some(s) = self.identity.get(server) else { return };
         let event = Event { r: self.replica.clone(), k: kind, s: s.clone(), u: uri.to_owned() };
         let Ok(payload) = serde_json::to_string(&event) else { return };
-        let mut conn = self.conn.clone();
-        let _: Option<i64> = self.run("publish", conn.publish(&self.channel, payload)).await;
+        let _: Option<i64> = self.run("publish", |mut c| async move { c.publish(&self.channel, payload).await }).await;
     }
 
     /// Reads `server`'s `uri` for `user` through the shared cache: the
-    /// shared answer if there is one; else, if no other replica is reading
-    /// it, `read` (stored for the others when `life` gives it a life); else
-    /// the other replica's answer, waited for up to `cache.wait_ms`, and
-    /// `read` only if none comes (its read failed, or its answer was private).
+    /// shared answer if there is one; else, if this replica gets the lock,
+    /// `read` (stored for the others when `life` gives it a life); else the
+    /// lock holder's answer, waited for up to `cache.wait_ms`. A holder that
+    /// fails, or whose answer is private to another user, releases the lock,
+    /// and one of the waiters takes it and reads: never two at once.
     pub(crate) async fn read_through(
         self: &Arc<Self>,
         server: &str,
@@ -471,46 +598,42 @@ impl SharedCache {
         life: impl Fn(&Contents) -> Option<Duration>,
     ) -> SharedRead {
         let Some(k) = self.keys(server, uri) else { return SharedRead { result: read.await, remaining: None } };
-        let Some((found, generation, _)) = self.lookup(&k, user).await else {
-            return SharedRead { result: read.await, remaining: None };
-        };
-        if let Some(f) = found {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-            return SharedRead { result: Ok(f.contents), remaining: Some(f.remaining) };
-        }
-        let mut conn = self.conn.clone();
-        let lock_ms = self.settings.lock.as_millis() as u64;
-        let acquired: Option<Option<String>> = self
-            .run(
-                "lock",
-                redis::cmd("SET")
-                    .arg(&k.lock)
-                    .arg(&self.replica)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(lock_ms)
-                    .query_async(&mut conn),
-            )
-            .await;
-        let held = matches!(acquired, Some(Some(_)));
-        // Released when this read ends, however it ends (a request that
-        // gives up on its deadline drops this future mid-read).
-        let _guard = held.then(|| LockGuard { shared: self.clone(), key: k.lock.clone() });
-        let generation = match acquired {
-            // Redis is down: read without it.
-            None => return SharedRead { result: read.await, remaining: None },
-            Some(Some(_)) => generation,
-            Some(None) => match self.wait_for(&k, user).await {
-                Ok(f) => {
+        let waiting = Waiting::new(self, &k.data);
+        let until = Instant::now() + self.settings.wait;
+        let (generation, held) = loop {
+            // Enabled before the lookup, so that a "filled" event that
+            // arrives between the lookup and the wait is not missed.
+            let notified = waiting.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.claim(&k, user).await {
+                // Redis is down: read without it.
+                None => return SharedRead { result: read.await, remaining: None },
+                Some(Claim::Found(f)) => {
                     self.hits.fetch_add(1, Ordering::Relaxed);
                     return SharedRead { result: Ok(f.contents), remaining: Some(f.remaining) };
                 }
-                // The holder failed, or its answer is not for this user:
-                // read, and share the answer if it is shareable.
-                Err(Some(generation)) => generation,
-                Err(None) => return SharedRead { result: read.await, remaining: None },
-            },
+                Some(Claim::Locked(generation)) => break (generation, true),
+                Some(Claim::Unusable(generation)) => break (generation, false),
+                Some(Claim::Held(generation)) => {
+                    let now = Instant::now();
+                    // The holder is slower than `wait_ms` (or died holding
+                    // the lock): read without it rather than fail.
+                    if now >= until {
+                        break (generation, false);
+                    }
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = tokio::time::sleep(POLL.min(until - now)) => {}
+                    }
+                }
+            }
         };
+        drop(waiting);
+        // Released when this read ends, however it ends (a request that
+        // gives up on its deadline drops this future mid-read), and only
+        // after the answer is stored.
+        let _guard = held.then(|| LockGuard { shared: self.clone(), key: k.lock.clone() });
         let result = read.await;
         match &result {
             Ok(c) => {
@@ -527,65 +650,23 @@ impl SharedCache {
         SharedRead { result, remaining: None }
     }
 
-    /// Waits for the lock holder's answer. `Err(Some(generation))`: the lock
-    /// is gone without an answer for this user, or the wait ran out; `Err(None)`:
-    /// Redis failed meanwhile.
-    async fn wait_for(&self, k: &Keys, user: &str) -> std::result::Result<Found, Option<String>> {
-        let notify = self
-            .waiters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(k.data.clone())
-            .or_insert_with(|| Arc::new(Notify::new()))
-            .clone();
-        let until = Instant::now() + self.settings.wait;
-        let outcome = loop {
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let Some((found, generation, locked)) = self.lookup(k, user).await else { break Err(None) };
-            if let Some(f) = found {
-                break Ok(f);
-            }
-            let now = Instant::now();
-            if !locked || now >= until {
-                break Err(Some(generation));
-            }
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep(POLL.min(until - now)) => {}
-            }
-        };
-        let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-        if Arc::strong_count(&notify) <= 2 {
-            waiters.remove(&k.data);
-        }
-        outcome
-    }
-
     /// This replica learnt that the resource changed: drop the shared
     /// entry (every scope), move its generation on, and tell every replica.
     pub(crate) async fn invalidate(&self, server: &str, uri: &str) {
         let (Some(k), Some(s)) = (self.keys(server, uri), self.identity.get(server)) else { return };
         let event = Event { r: self.replica.clone(), k: 'i', s: s.clone(), u: uri.to_owned() };
         let Ok(payload) = serde_json::to_string(&event) else { return };
-        let mut conn = self.conn.clone();
-        let done: Option<()> = self
-            .run(
-                "invalidate",
-                redis::pipe()
-                    .atomic()
-                    .del(&k.data)
-                    .ignore()
-                    .incr(&k.generation, 1)
-                    .ignore()
-                    .pexpire(&k.generation, GENERATION_LIFE_MS as i64)
-                    .ignore()
-                    .publish(&self.channel, payload)
-                    .ignore()
-                    .query_async(&mut conn),
-            )
-            .await;
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .del(&k.data)
+            .ignore()
+            .incr(&k.generation, 1)
+            .ignore()
+            .pexpire(&k.generation, GENERATION_LIFE_MS as i64)
+            .ignore()
+            .publish(&self.channel, payload)
+            .ignore();
+        let done: Option<()> = self.run("invalidate", |mut c| async move { pipe.query_async(&mut c).await }).await;
         if done.is_some() {
             self.sent.fetch_add(1, Ordering::Relaxed);
         }
@@ -597,21 +678,12 @@ impl SharedCache {
     pub(crate) async fn forget_server(&self, server: &str) {
         let Some(s) = self.identity.get(server) else { return };
         let pattern = format!("{}c:{s}:*", self.settings.key_prefix);
-        let mut conn = self.conn.clone();
         let mut cursor: u64 = 0;
         loop {
-            let Some((next, keys)): Option<(u64, Vec<String>)> = self
-                .run(
-                    "scan",
-                    redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(&pattern)
-                        .arg("COUNT")
-                        .arg(500)
-                        .query_async(&mut conn),
-                )
-                .await
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(500);
+            let Some((next, keys)): Option<(u64, Vec<String>)> =
+                self.run("scan", |mut c| async move { scan.query_async(&mut c).await }).await
             else {
                 return;
             };
@@ -630,7 +702,7 @@ impl SharedCache {
                         .pexpire(&generation, GENERATION_LIFE_MS as i64)
                         .ignore();
                 }
-                let _: Option<()> = self.run("forget", pipe.query_async(&mut conn)).await;
+                let _: Option<()> = self.run("forget", |mut c| async move { pipe.query_async(&mut c).await }).await;
             }
             if next == 0 {
                 return;
@@ -673,10 +745,42 @@ impl Drop for LockGuard {
         let shared = self.shared.clone();
         let key = std::mem::take(&mut self.key);
         tokio::spawn(async move {
-            let mut conn = shared.conn.clone();
+            let mut invocation = shared.unlock.prepare_invoke();
+            invocation.key(&key).arg(&shared.replica);
             let _: Option<i64> =
-                shared.run("unlock", shared.unlock.key(&key).arg(&shared.replica).invoke_async(&mut conn)).await;
+                shared.run("unlock", |mut c| async move { invocation.invoke_async(&mut c).await }).await;
         });
+    }
+}
+
+/// This read's place among the waiters for one resource ("filled" events
+/// wake them); removed when the last waiter is done or dropped.
+struct Waiting<'a> {
+    shared: &'a SharedCache,
+    key: &'a str,
+    notify: Arc<Notify>,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(shared: &'a SharedCache, key: &'a str) -> Self {
+        let notify = shared
+            .waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::new(Notify::new()))
+            .clone();
+        Self { shared, key, notify }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut waiters = self.shared.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        // The map's reference and this one: no other waiter.
+        if Arc::strong_count(&self.notify) <= 2 {
+            waiters.remove(self.key);
+        }
     }
 }
 
@@ -701,23 +805,42 @@ async fn listen(shared: std::sync::Weak<SharedCache>, client: redis::Client, rem
                 if gap {
                     let _ = remote.send(Remote::Resync);
                 }
-                {
-                    let mut h = me.health();
-                    h.subscribed = true;
-                    if h.down_until.is_none() {
-                        h.error = None;
-                    }
-                }
+                me.health().subscribed = true;
                 tracing::debug!(target: "mcp_context::cache", url = %me.redacted_url, "listening for shared cache events");
+                // Up takes a command that went through as well: one now (on
+                // a new connection after a break), then one a second while
+                // commands fail, so that Redis is used again as soon as it
+                // answers, and not first by a request that pays for a
+                // failure.
+                me.probe().await;
                 let mut messages = pubsub.into_on_message();
                 drop(me);
-                while let Some(msg) = messages.next().await {
-                    let Some(me) = shared.upgrade() else { return };
-                    me.on_event(msg.get_payload_bytes(), &remote);
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + RETRY_AFTER, RETRY_AFTER);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        msg = messages.next() => {
+                            let Some(msg) = msg else { break };
+                            let Some(me) = shared.upgrade() else { return };
+                            me.on_event(msg.get_payload_bytes(), &remote);
+                        }
+                        _ = tick.tick() => {
+                            let Some(me) = shared.upgrade() else { return };
+                            if !me.commands_ok() {
+                                me.probe().await;
+                            }
+                        }
+                    }
                 }
                 let Some(me) = shared.upgrade() else { return };
+                // Commands go to the same Redis: their connection is most
+                // likely as dead as this one (a restart closes both), so the
+                // next command makes a new one, and the first one to go
+                // through says the shared cache is up again.
+                me.commands.drop_connection(None);
                 let mut h = me.health();
                 h.subscribed = false;
+                h.commands = false;
                 h.error = Some(format!("Redis at {}: the event subscription was closed", me.redacted_url));
                 tracing::warn!(target: "mcp_context::cache", "shared cache events lost; local entries will be dropped on reconnect");
             }
@@ -734,7 +857,9 @@ async fn listen(shared: std::sync::Weak<SharedCache>, client: redis::Client, rem
         }
         gap = true;
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        // At most half a second between attempts: a refused connection
+        // costs nothing, and a Redis that is back is used within it.
+        backoff = (backoff * 2).min(RETRY_AFTER / 2);
     }
 }
 
