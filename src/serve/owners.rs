@@ -123,9 +123,15 @@ impl Owners {
     }
 }
 
+/// The Redis side: one multiplexed connection, made on first use and
+/// dropped after any failure so that the next command connects afresh (a
+/// restarted Redis is used again at once; redis' `ConnectionManager` could
+/// keep a failed reconnection as its connection, issue 29).
 #[cfg(feature = "redis")]
 struct RedisOwners {
-    conn: redis::aio::ConnectionManager,
+    client: redis::Client,
+    config: redis::AsyncConnectionConfig,
+    conn: Mutex<Option<redis::aio::MultiplexedConnection>>,
     prefix: String,
 }
 
@@ -144,34 +150,42 @@ impl RedisOwners {
             }
         }
         .map_err(|e| anyhow::anyhow!("cache.url: {e}"))?;
-        let config = redis::aio::ConnectionManagerConfig::new()
+        let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(cache.timeout))
-            .set_response_timeout(Some(cache.timeout))
-            .set_number_of_retries(1);
-        let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| anyhow::anyhow!("cache.url: {e}"))?;
-        Ok(Self { conn, prefix: format!("{}owner:", cache.key_prefix) })
+            .set_response_timeout(Some(cache.timeout));
+        Ok(Self { client, config, conn: Mutex::default(), prefix: format!("{}owner:", cache.key_prefix) })
+    }
+
+    /// Runs one command on the current connection (or a new one); a failure drops the connection.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        let current = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut conn = match current {
+            Some(c) => c,
+            None => {
+                let c = self.client.get_multiplexed_async_connection_with_config(&self.config).await?;
+                *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+                c
+            }
+        };
+        let r = cmd.query_async(&mut conn).await;
+        if r.is_err() {
+            *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        r
     }
 
     async fn record(&self, key: &str, owner: &[u8; 32], ttl: Duration) {
-        let mut conn = self.conn.clone();
-        let r: redis::RedisResult<()> = redis::cmd("SET")
-            .arg(format!("{}{key}", self.prefix))
-            .arg(&owner[..])
-            .arg("EX")
-            .arg(ttl.as_secs().max(1))
-            .query_async(&mut conn)
-            .await;
-        if let Err(e) = r {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(format!("{}{key}", self.prefix)).arg(&owner[..]).arg("EX").arg(ttl.as_secs().max(1));
+        if let Err(e) = self.query::<()>(&cmd).await {
             tracing::warn!(error = %e, "an ownership record could not be stored in Redis; other replicas will answer 404 for it");
         }
     }
 
     async fn owner(&self, key: &str) -> Result<Option<[u8; 32]>, ()> {
-        let mut conn = self.conn.clone();
-        let r: redis::RedisResult<Option<Vec<u8>>> =
-            redis::cmd("GET").arg(format!("{}{key}", self.prefix)).query_async(&mut conn).await;
-        match r {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(format!("{}{key}", self.prefix));
+        match self.query::<Option<Vec<u8>>>(&cmd).await {
             Ok(v) => Ok(v.and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())),
             Err(e) => {
                 tracing::warn!(error = %e, "an ownership record could not be read from Redis");

@@ -553,6 +553,7 @@ async fn errors_are_in_openai_shape_and_upstream_errors_pass_unchanged() {
     let sent = c
         .post(format!("{}/v1/embeddings", proxy.url))
         .bearer_auth("key-bob")
+        .header("content-type", "application/json")
         .body(reqwest::Body::wrap_stream(chunks))
         .send()
         .await;
