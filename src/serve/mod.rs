@@ -429,7 +429,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         Kind::Responses => obj.get("store").is_none_or(|v| v.get() != "false"),
     };
     let forwarded = obj.to_vec();
-    drop(read);
+    drop(obj);
 
     let mut headers = state.upstream.headers_for_upstream(&parts.headers);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -445,6 +445,8 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         .upstream
         .send(Outgoing { method: Method::POST, path, query: parts.uri.query(), headers, body: forwarded.into() })
         .await?;
+    // The body's share of the budget is held until the upstream has it.
+    drop(read);
     state.metrics.upstream(label, relayed.waited.as_secs_f64());
     let mut response = relayed.response;
     if stores {
