@@ -1281,3 +1281,27 @@ mod tests {
         assert_eq!(redact_url("http://h/a@b"), "http://h/a@b");
     }
 }
+
+#[cfg(test)]
+mod memory_bounds {
+    use super::*;
+
+    fn load(src: &str) -> Result<Config> {
+        Config::from_yaml_with_env(src, Path::new("/etc/mc/mcp-context.yaml"), &|_| None)
+    }
+
+    #[test]
+    fn the_byte_bounds_default_and_are_read_and_a_bad_one_is_located() {
+        let c = load("servers: {}\n").unwrap();
+        assert_eq!(c.cache.private_max_bytes, DEFAULT_PRIVATE_MAX_BYTES);
+        assert_eq!(c.context.warm_memo_max_bytes, DEFAULT_WARM_MEMO_MAX_BYTES);
+        let c = load("context:\n  warm_memo_max_bytes: 0\ncache:\n  private_max_bytes: 1000\n").unwrap();
+        assert_eq!((c.cache.private_max_bytes, c.context.warm_memo_max_bytes), (1000, 0));
+        match load("cache:\n  private_max_bytes: lots\n") {
+            Err(Error::Config { line: Some(2), column: Some(_), message, .. }) => {
+                assert!(message.contains("private_max_bytes") || message.contains("invalid"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
