@@ -86,6 +86,7 @@ struct RawCache {
     wait_ms: Option<u64>,
     timeout_ms: Option<u64>,
     ca_file: Option<String>,
+    private_max_bytes: Option<usize>,
 }
 
 impl fmt::Debug for RawCache {
@@ -110,13 +111,17 @@ pub enum CacheBackend {
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 /// Default `cache.key_prefix`.
 pub const DEFAULT_KEY_PREFIX: &str = "mcp-context:";
+/// Default `cache.private_max_bytes` (64 MiB): about 4000 private answers
+/// of 16 KiB, a small share of a 512 MiB container.
+pub const DEFAULT_PRIVATE_MAX_BYTES: usize = 64 << 20;
 
 /// The `cache:` section: whether read contents are also shared through
-/// Redis by every replica of a deployment (see the `cache` module).
+/// Redis by every replica of a deployment (see the `cache` module), and how
+/// many bytes of `private` answers this process keeps.
 ///
 /// The per-server `cache`, `cache_ttl_ms` and `serve_stale` settings still
-/// decide what is cached at all and for how long; this section only adds the
-/// shared layer behind the in-process cache.
+/// decide what is cached at all and for how long; this section adds the
+/// shared layer behind the in-process cache and bounds its private entries.
 #[derive(Clone)]
 pub struct CacheSettings {
     /// `memory` (default) or `redis`.
@@ -143,6 +148,11 @@ pub struct CacheSettings {
     /// roots (a private CA or a self-signed server), resolved against the
     /// config's folder.
     pub ca_file: Option<PathBuf>,
+    /// Bytes of `cacheScope: private` answers kept in this process, all
+    /// users together (approximate: the text kept plus a fixed cost per
+    /// entry). Past it the least recently used go first; expired ones are
+    /// swept as well. `0` keeps none. Default [`DEFAULT_PRIVATE_MAX_BYTES`].
+    pub private_max_bytes: usize,
 }
 
 impl Default for CacheSettings {
@@ -156,6 +166,7 @@ impl Default for CacheSettings {
             wait: Duration::from_millis(DEFAULT_TIMEOUT_MS),
             timeout: Duration::from_millis(250),
             ca_file: None,
+            private_max_bytes: DEFAULT_PRIVATE_MAX_BYTES,
         }
     }
 }
@@ -172,6 +183,7 @@ impl fmt::Debug for CacheSettings {
             .field("wait", &self.wait)
             .field("timeout", &self.timeout)
             .field("ca_file", &self.ca_file)
+            .field("private_max_bytes", &self.private_max_bytes)
             .finish()
     }
 }
@@ -528,6 +540,20 @@ pub struct ContextSettings {
     /// edge is still whole in one of them.
     #[serde(default = "default_chunk_overlap")]
     pub chunk_overlap: usize,
+    /// Bytes the warm memo (the last answer per user, for an unchanged
+    /// request) may keep, all users together (approximate: each answer's
+    /// message, report and query). Past it the least recently used users go
+    /// first. `0` keeps none. Default [`DEFAULT_WARM_MEMO_MAX_BYTES`].
+    #[serde(default = "default_warm_memo_max_bytes")]
+    pub warm_memo_max_bytes: usize,
+}
+
+/// Default `context.warm_memo_max_bytes` (32 MiB): a 16 KiB message and its
+/// report for about 1500 users.
+pub const DEFAULT_WARM_MEMO_MAX_BYTES: usize = 32 << 20;
+
+fn default_warm_memo_max_bytes() -> usize {
+    DEFAULT_WARM_MEMO_MAX_BYTES
 }
 
 fn default_model() -> String {
@@ -565,6 +591,7 @@ impl Default for ContextSettings {
             select: SelectMode::default(),
             chunk_tokens: default_chunk_tokens(),
             chunk_overlap: default_chunk_overlap(),
+            warm_memo_max_bytes: DEFAULT_WARM_MEMO_MAX_BYTES,
         }
     }
 }
@@ -1033,6 +1060,7 @@ fn cache_settings(
         wait: ms("wait_ms", raw.wait_ms, lock)?,
         timeout: ms("timeout_ms", raw.timeout_ms, d.timeout)?,
         ca_file,
+        private_max_bytes: raw.private_max_bytes.unwrap_or(d.private_max_bytes),
     })
 }
 
@@ -1463,5 +1491,29 @@ mod tests {
     fn urls_lose_userinfo_and_query() {
         assert_eq!(redact_url("https://u:p@h/x?k=1"), "https://***@h/x");
         assert_eq!(redact_url("http://h/a@b"), "http://h/a@b");
+    }
+}
+
+#[cfg(test)]
+mod memory_bounds {
+    use super::*;
+
+    fn load(src: &str) -> Result<Config> {
+        Config::from_yaml_with_env(src, Path::new("/etc/mc/mcp-context.yaml"), &|_| None)
+    }
+
+    #[test]
+    fn the_byte_bounds_default_and_are_read_and_a_bad_one_is_located() {
+        let c = load("servers: {}\n").unwrap();
+        assert_eq!(c.cache.private_max_bytes, DEFAULT_PRIVATE_MAX_BYTES);
+        assert_eq!(c.context.warm_memo_max_bytes, DEFAULT_WARM_MEMO_MAX_BYTES);
+        let c = load("context:\n  warm_memo_max_bytes: 0\ncache:\n  private_max_bytes: 1000\n").unwrap();
+        assert_eq!((c.cache.private_max_bytes, c.context.warm_memo_max_bytes), (1000, 0));
+        match load("cache:\n  private_max_bytes: lots\n") {
+            Err(Error::Config { line: Some(2), column: Some(_), message, .. }) => {
+                assert!(message.contains("private_max_bytes") || message.contains("invalid"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -7,6 +7,8 @@
 //! `tool_calls`, `tool` results — is left exactly as it was: resource content
 //! never travels in a `tool` message on this path.
 
+use std::borrow::Cow;
+
 use async_openai::types::chat::{
     ChatCompletionRequestDeveloperMessage, ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,
     CreateChatCompletionRequest,
@@ -99,22 +101,23 @@ fn strip_context_instructions(s: &str) -> &str {
 /// as it is; an array's text parts (`text`, `input_text`) are joined by
 /// newlines. `None` when there is no user text.
 pub fn latest_user_text_json(body: &serde_json::Value) -> Option<String> {
-    user_texts_json(body).next()
+    user_texts_json(body).next().map(std::borrow::Cow::into_owned)
 }
 
 /// The user texts of a Chat Completions (`messages`) or Responses (`input`)
-/// body, newest first, blank ones skipped.
-pub(crate) fn user_texts_json(body: &serde_json::Value) -> Box<dyn Iterator<Item = String> + '_> {
-    fn text_of(content: &serde_json::Value) -> Option<String> {
+/// body, newest first, blank ones skipped; borrowed where a text is one
+/// string (a query keeps only the end of a long one).
+pub(crate) fn user_texts_json(body: &serde_json::Value) -> Box<dyn Iterator<Item = Cow<'_, str>> + '_> {
+    fn text_of(content: &serde_json::Value) -> Option<Cow<'_, str>> {
         match content {
-            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::String(s) => Some(Cow::Borrowed(s)),
             serde_json::Value::Array(parts) => {
                 let texts: Vec<&str> = parts
                     .iter()
                     .filter(|p| matches!(p.get("type").and_then(|t| t.as_str()), Some("text" | "input_text")))
                     .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
                     .collect();
-                (!texts.is_empty()).then(|| texts.join("\n"))
+                (!texts.is_empty()).then(|| Cow::Owned(texts.join("\n")))
             }
             _ => None,
         }
@@ -122,7 +125,7 @@ pub(crate) fn user_texts_json(body: &serde_json::Value) -> Box<dyn Iterator<Item
     let items = match (body.get("messages"), body.get("input")) {
         (Some(serde_json::Value::Array(m)), _) => m,
         (_, Some(serde_json::Value::String(s))) => {
-            return Box::new(Some(s.clone()).filter(|s| !s.trim().is_empty()).into_iter());
+            return Box::new(Some(Cow::Borrowed(s.as_str())).filter(|s| !s.trim().is_empty()).into_iter());
         }
         (_, Some(serde_json::Value::Array(i))) => i,
         _ => return Box::new(std::iter::empty()),

@@ -51,6 +51,7 @@ mod hub;
 mod id;
 mod inject;
 mod large;
+mod lru;
 mod pipe;
 mod policy;
 mod relevance;
@@ -64,8 +65,8 @@ pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
 pub use config::{
     CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, ENV_ALLOWLIST, KeyDigest, MessageRole, PassthroughRule, Protocol,
-    ServeSettings, ServerConfig, Transport, UpstreamUser,
+    DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST,
+    KeyDigest, MessageRole, PassthroughRule, Protocol, ServeSettings, ServerConfig, Transport, UpstreamUser,
 };
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
@@ -78,8 +79,8 @@ pub use inject::{
 };
 pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use relevance::{
-    ChunkIndex, ChunkReport, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, EARLIER_TURN_WEIGHT, EARLIER_TURNS, Query,
-    SelectMode, compose_by_relevance,
+    ChunkIndex, ChunkReport, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, EARLIER_TURN_WEIGHT, EARLIER_TURNS,
+    MAX_QUERY_BYTES, Query, SelectMode, compose_by_relevance,
 };
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 pub use report::{

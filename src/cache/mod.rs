@@ -8,6 +8,12 @@
 //! - Server hints win: a read result's `ttlMs` bounds the entry's life, and a
 //!   `private` entry is stored under the requesting user and never served to
 //!   another.
+//! - Private entries are bounded in bytes, all users together
+//!   (`cache.private_max_bytes`, approximate: see [`entry_bytes`]): past the
+//!   bound the least recently used go, and expired ones are swept then and
+//!   every [`SWEEP_EVERY`] (those of `serve_stale` servers stay, as the
+//!   fallback they are, until the bound takes them). Shared entries are one
+//!   per listed resource, bounded by the listings.
 //! - A read that races with an invalidation is not stored (a generation
 //!   counter per resource), so an update is never lost.
 //! - Concurrent requests for the same cold resource share one read
@@ -18,7 +24,8 @@
 //!   reading from the server, and what this replica learns of a change is
 //!   passed on to every other replica ([`shared`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -108,6 +115,10 @@ impl Slot {
         self.private.as_ref().map_or(0, |p| p.len())
     }
 
+    fn private_bytes(&self) -> usize {
+        self.private.as_ref().map_or(0, |p| p.values().map(|e| e.bytes).sum())
+    }
+
     fn is_empty(&self) -> bool {
         self.shared.is_none() && self.private_len() == 0
     }
@@ -118,6 +129,29 @@ struct Entry {
     /// `None`: lives as long as its subscription, i.e. the connection of `epoch`.
     expires: Option<Instant>,
     epoch: u64,
+    /// Approximate bytes kept ([`entry_bytes`]; counted for private entries).
+    bytes: usize,
+    /// Use tick of the last hit ([`State::clock`]): least recently used go first.
+    used: AtomicU64,
+}
+
+/// How often expired private entries are swept when nothing else does it.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Approximate bytes a private entry keeps: the capacity of its texts and
+/// MIME types, the user name it is stored under, and
+/// [`ITEM_OVERHEAD`](crate::lru::ITEM_OVERHEAD) for the entry and each part.
+pub(crate) fn entry_bytes(contents: &Contents, user: &str) -> usize {
+    use crate::resource::ContentPart;
+    let parts: usize = contents
+        .parts
+        .iter()
+        .map(|p| match p {
+            ContentPart::Text { text, mime_type } => text.capacity() + mime_type.as_ref().map_or(0, String::capacity),
+            ContentPart::Blob { mime_type, .. } => mime_type.as_ref().map_or(0, String::capacity),
+        } + crate::lru::ITEM_OVERHEAD)
+        .sum();
+    parts + user.len() + crate::lru::ITEM_OVERHEAD
 }
 
 /// A read in flight: the contents, and where they came from.
@@ -138,6 +172,98 @@ struct State {
     inflight: HashMap<ResourceId, (Flight, String)>,
     /// Subscribed ids, with the connection epoch the subscription lives on.
     subscribed: HashMap<ResourceId, u64>,
+    /// Bytes of the private entries ([`entry_bytes`]), all users together.
+    private_bytes: usize,
+    /// `cache.private_max_bytes`.
+    private_max: usize,
+    /// Servers with `serve_stale`: their expired private entries are the
+    /// fallback for a failed re-read, so only the byte bound drops them.
+    keep_expired: HashSet<String>,
+    /// Use ticks for [`Entry::used`].
+    clock: AtomicU64,
+}
+
+impl State {
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Stores a private entry for `user`, then brings the private entries
+    /// back under their bound. An entry larger than the bound is not kept.
+    fn store_private(&mut self, id: &ResourceId, user: String, entry: Entry, now: Instant) {
+        if entry.bytes > self.private_max {
+            return;
+        }
+        self.private_bytes += entry.bytes;
+        let slot = self.entries.entry(id.clone()).or_default();
+        if let Some(old) = slot.private.get_or_insert_default().insert(user, entry) {
+            self.private_bytes -= old.bytes;
+        }
+        if self.private_bytes > self.private_max {
+            self.sweep(now);
+        }
+    }
+
+    /// Drops expired private entries, then, while over the bound, the least
+    /// recently used down to [`low_water`](crate::lru::low_water) of it.
+    fn sweep(&mut self, now: Instant) {
+        let before = self.private_bytes;
+        let keep_expired = &self.keep_expired;
+        let mut freed = 0;
+        for (id, slot) in &mut self.entries {
+            if let Some(p) = &mut slot.private
+                && !keep_expired.contains(&id.server)
+            {
+                p.retain(|_, e| {
+                    let live = e.expires.is_none_or(|t| t > now);
+                    if !live {
+                        freed += e.bytes;
+                    }
+                    live
+                });
+            }
+        }
+        self.private_bytes -= freed;
+        if self.private_bytes > self.private_max {
+            let excess = self.private_bytes - crate::lru::low_water(self.private_max);
+            let items = self.entries.iter().flat_map(|(id, slot)| {
+                slot.private.iter().flat_map(move |p| {
+                    p.iter().map(move |(user, e)| (e.used.load(Ordering::Relaxed), e.bytes, (id, user.as_str())))
+                })
+            });
+            let gone: Vec<(ResourceId, String)> =
+                crate::lru::oldest(items, excess).into_iter().map(|(id, user)| (id.clone(), user.to_owned())).collect();
+            for (id, user) in gone {
+                if let Some(e) =
+                    self.entries.get_mut(&id).and_then(|s| s.private.as_mut()).and_then(|p| p.remove(&user))
+                {
+                    self.private_bytes -= e.bytes;
+                }
+            }
+        }
+        if self.private_bytes != before {
+            for slot in self.entries.values_mut() {
+                if slot.private.as_ref().is_some_and(|p| p.is_empty()) {
+                    slot.private = None;
+                }
+            }
+            self.entries.retain(|_, slot| !slot.is_empty());
+            self.version += 1;
+        }
+    }
+
+    /// Removes every entry of `id`.
+    fn remove(&mut self, id: &ResourceId) {
+        if let Some(slot) = self.entries.remove(id) {
+            self.private_bytes -= slot.private_bytes();
+        }
+    }
+
+    /// Removes every entry.
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.private_bytes = 0;
+    }
 }
 
 pub(crate) struct ContentCache {
@@ -158,7 +284,11 @@ impl Drop for ContentCache {
 
 impl ContentCache {
     pub(crate) fn new(hub: Hub, config: &Config) -> Self {
-        let state: Arc<Mutex<State>> = Arc::default();
+        let state = Arc::new(Mutex::new(State {
+            private_max: config.cache.private_max_bytes,
+            keep_expired: config.servers.iter().filter(|s| s.serve_stale).map(|s| s.name.clone()).collect(),
+            ..State::default()
+        }));
         let settings = config.servers.iter().map(|s| (s.name.clone(), (s.cache, s.cache_ttl, s.serve_stale))).collect();
         let mut events = hub.events();
         let weak = Arc::downgrade(&state);
@@ -167,9 +297,16 @@ impl ContentCache {
         let shared = Self::shared(config, remote_tx);
         let shared2 = shared.clone();
         let task = tokio::spawn(async move {
+            let mut sweep = tokio::time::interval(SWEEP_EVERY);
+            sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let got = tokio::select! {
                     ev = events.recv() => ev,
+                    _ = sweep.tick() => {
+                        let Some(state) = weak.upgrade() else { return };
+                        lock(&state).sweep(Instant::now());
+                        continue;
+                    }
                     Some(r) = remote.recv() => {
                         if let Some(state) = weak.upgrade() {
                             on_remote(&mut lock(&state), r);
@@ -183,7 +320,7 @@ impl ContentCache {
                         // We missed notifications: the only safe answer is to forget everything.
                         if let Some(s) = weak.upgrade() {
                             let mut s = lock(&s);
-                            s.entries.clear();
+                            s.clear();
                             bump_all(&mut s);
                         }
                         continue;
@@ -205,12 +342,20 @@ impl ContentCache {
                     HubEvent::Restarted { server } => {
                         let epoch = hub2.connection(&server).epoch;
                         let keep = |e: &Entry| e.expires.is_some() || e.epoch == epoch;
+                        let mut freed = 0;
                         for (_, slot) in s.entries.iter_mut().filter(|(id, _)| id.server == server) {
                             slot.shared = slot.shared.take().filter(keep);
                             if let Some(p) = &mut slot.private {
-                                p.retain(|_, e| keep(e));
+                                p.retain(|_, e| {
+                                    let kept = keep(e);
+                                    if !kept {
+                                        freed += e.bytes;
+                                    }
+                                    kept
+                                });
                             }
                         }
+                        s.private_bytes -= freed;
                         s.entries.retain(|_, slot| !slot.is_empty());
                         s.version += 1;
                         s.subscribed.retain(|id, e| id.server != server || *e == epoch);
@@ -319,6 +464,7 @@ impl ContentCache {
                 if !self.fresh(e, &id.server, now) {
                     return None;
                 }
+                e.used.store(s.tick(), Ordering::Relaxed);
                 if let Some(t) = e.expires {
                     expires = Some(expires.map_or(t, |x| x.min(t)));
                 }
@@ -344,6 +490,7 @@ impl ContentCache {
             if enabled
                 && let Some(e) = slot.and_then(|slot| slot.for_user(user)).filter(|e| self.fresh(e, &id.server, now))
             {
+                e.used.store(s.tick(), Ordering::Relaxed);
                 return Ok(CachedRead { contents: e.contents.clone(), stale: false, origin: Origin::Local });
             }
             let stale =
@@ -416,13 +563,15 @@ impl ContentCache {
                     (Some(l), Some(r)) => Some(l.min(r)),
                     (l, _) => l,
                 };
-                let entry = Entry { contents: contents.clone(), expires: life.map(|l| Instant::now() + l), epoch };
+                let now = Instant::now();
+                let bytes = if contents.private { entry_bytes(&contents, &user) } else { 0 };
+                let used = AtomicU64::new(s.tick());
+                let entry = Entry { contents: contents.clone(), expires: life.map(|l| now + l), epoch, bytes, used };
                 s.version += 1;
-                let slot = s.entries.entry(id.clone()).or_default();
                 if contents.private {
-                    slot.private.get_or_insert_default().insert(user, entry);
+                    s.store_private(&id, user, entry, now);
                 } else {
-                    slot.shared = Some(entry);
+                    s.entries.entry(id.clone()).or_default().shared = Some(entry);
                 }
             }
             if subscribe {
@@ -491,7 +640,7 @@ fn on_remote(s: &mut State, r: Remote) {
     match r {
         Remote::Invalidate { server, uri } => invalidate(s, &ResourceId::from_listing(&server, &uri)),
         Remote::Resync => {
-            s.entries.clear();
+            s.clear();
             bump_all(s);
         }
     }
@@ -503,7 +652,7 @@ fn on_remote(s: &mut State, r: Remote) {
 }
 
 fn invalidate(s: &mut State, id: &ResourceId) {
-    s.entries.remove(id);
+    s.remove(id);
     s.version += 1;
     *s.generation.entry(id.clone()).or_default() += 1;
 }
@@ -522,4 +671,116 @@ fn bump_all(s: &mut State) {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::ContentPart;
+
+    fn state(max: usize) -> State {
+        State { private_max: max, keep_expired: ["stale".to_owned()].into(), ..State::default() }
+    }
+
+    fn private(text: &str) -> Arc<Contents> {
+        let part = ContentPart::Text { text: text.to_owned(), mime_type: None };
+        Arc::new(Contents { parts: vec![part], private: true, ..Contents::default() })
+    }
+
+    /// Stores `text` for `user` under `server:doc`, expiring at `expires`.
+    fn store(s: &mut State, server: &str, user: &str, text: &str, expires: Instant) {
+        let contents = private(text);
+        let bytes = entry_bytes(&contents, user);
+        let entry = Entry { contents, expires: Some(expires), epoch: 0, bytes, used: AtomicU64::new(s.tick()) };
+        s.store_private(&ResourceId::from_listing(server, "fx://doc"), user.to_owned(), entry, Instant::now());
+    }
+
+    fn users(s: &State) -> Vec<String> {
+        let mut v: Vec<String> =
+            s.entries.values().flat_map(|slot| slot.private.iter().flat_map(|p| p.keys().cloned())).collect();
+        v.sort();
+        v
+    }
+
+    /// The byte count is the sum of what is kept.
+    fn counted_right(s: &State) -> bool {
+        s.private_bytes == s.entries.values().map(Slot::private_bytes).sum::<usize>()
+    }
+
+    #[test]
+    fn private_entries_stay_under_their_bound_least_recently_used_first() {
+        let later = Instant::now() + Duration::from_secs(60);
+        let one = entry_bytes(&private(&"x".repeat(1000)), "u00");
+        let mut s = state(one * 10);
+        for i in 0..10 {
+            store(&mut s, "fx", &format!("u{i:02}"), &"x".repeat(1000), later);
+        }
+        assert_eq!(s.private_bytes, one * 10, "ten fit exactly");
+        // u00 is used again: it is now the most recent.
+        let id = ResourceId::from_listing("fx", "fx://doc");
+        s.entries[&id].for_user("u00").unwrap().used.store(s.tick(), Ordering::Relaxed);
+        store(&mut s, "fx", "u10", &"x".repeat(1000), later);
+        // Over the bound: back to 7/8 of it, the oldest (u01, u02) gone first.
+        assert!(s.private_bytes <= crate::lru::low_water(one * 10), "{}", s.private_bytes);
+        assert!(counted_right(&s));
+        let kept = users(&s);
+        assert!(kept.contains(&"u00".to_owned()) && kept.contains(&"u10".to_owned()), "{kept:?}");
+        assert!(!kept.contains(&"u01".to_owned()) && !kept.contains(&"u02".to_owned()), "{kept:?}");
+        assert_eq!(kept.len(), 8);
+        // A thousand more: never above the bound, and the count stays right.
+        for i in 0..1000 {
+            store(&mut s, "fx", &format!("v{i}"), &"y".repeat(500 + i % 700), later);
+            assert!(s.private_bytes <= one * 10);
+        }
+        assert!(counted_right(&s));
+    }
+
+    #[test]
+    fn replacing_a_users_entry_counts_only_the_new_one() {
+        let later = Instant::now() + Duration::from_secs(60);
+        let mut s = state(1 << 20);
+        store(&mut s, "fx", "ann", &"x".repeat(5000), later);
+        store(&mut s, "fx", "ann", &"x".repeat(100), later);
+        assert_eq!(s.private_bytes, entry_bytes(&private(&"x".repeat(100)), "ann"));
+        assert!(counted_right(&s));
+    }
+
+    #[test]
+    fn an_entry_larger_than_the_bound_is_not_kept_and_zero_keeps_none() {
+        let later = Instant::now() + Duration::from_secs(60);
+        let mut s = state(1000);
+        store(&mut s, "fx", "ann", &"x".repeat(2000), later);
+        assert!(s.entries.is_empty() && s.private_bytes == 0);
+        let mut s = state(0);
+        store(&mut s, "fx", "ann", "x", later);
+        assert!(s.entries.is_empty() && s.private_bytes == 0);
+    }
+
+    #[test]
+    fn expired_private_entries_are_swept_except_a_stale_serving_servers() {
+        let now = Instant::now();
+        let (past, later) = (now - Duration::from_millis(1), now + Duration::from_secs(60));
+        let mut s = state(1 << 20);
+        store(&mut s, "fx", "ann", "gone", past);
+        store(&mut s, "fx", "ben", "kept", later);
+        store(&mut s, "stale", "ann", "the fallback", past);
+        let version = s.version;
+        s.sweep(now);
+        assert_eq!(users(&s), ["ann", "ben"]);
+        assert!(s.entries[&ResourceId::from_listing("fx", "fx://doc")].for_user("ann").is_none());
+        assert!(counted_right(&s));
+        assert!(s.version > version, "what was built from a swept entry is void");
+    }
+
+    #[test]
+    fn invalidation_and_clearing_keep_the_count() {
+        let later = Instant::now() + Duration::from_secs(60);
+        let mut s = state(1 << 20);
+        store(&mut s, "fx", "ann", "a", later);
+        store(&mut s, "gx", "ann", "b", later);
+        invalidate(&mut s, &ResourceId::from_listing("fx", "fx://doc"));
+        assert!(counted_right(&s) && s.private_bytes > 0);
+        s.clear();
+        assert_eq!(s.private_bytes, 0);
+    }
 }

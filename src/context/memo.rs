@@ -1,6 +1,7 @@
 //! What the engine remembers between requests, and when each memo is still
 //! right: the selection per grant set, the last compositions, and the last
-//! answer to each unchanged request (the warm path).
+//! answer to each unchanged request (the warm path), and how much of each
+//! is kept (counts; the warm memo by bytes).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -185,16 +186,33 @@ impl CompositionMemo {
 /// the listing generation, the content cache's version, the connection of
 /// every server it used, and no entry it used has expired. Keyed by user,
 /// not by grant set: `private` cache entries are per user.
-#[derive(Default)]
+///
+/// Bounded in bytes (`context.warm_memo_max_bytes`, approximate: see
+/// [`WarmEntry::bytes`]): past the bound the least recently used users'
+/// answers go first ([`crate::lru`]).
 pub(super) struct WarmMemo {
-    /// By user: the last request of each (a new question replaces the
-    /// previous one's answer rather than adding a message's worth of memory).
-    pub(super) entries: std::sync::Mutex<std::collections::HashMap<String, (WarmKey, WarmEntry)>>,
+    pub(super) entries: std::sync::Mutex<Warm>,
 }
 
-/// Users remembered by the warm memo; past this it starts over (each
-/// entry shares its message with the composition memo).
-pub(super) const WARM_MEMO_SIZE: usize = 256;
+/// What the warm memo keeps, and its byte count.
+#[derive(Default)]
+pub(super) struct Warm {
+    /// By user: the last request of each (a new question replaces the
+    /// previous one's answer rather than adding a message's worth of memory).
+    users: std::collections::HashMap<String, WarmSlot>,
+    /// Sum of the slots' `bytes`.
+    bytes: usize,
+    max: usize,
+    /// Use ticks for [`WarmSlot::used`].
+    clock: u64,
+}
+
+struct WarmSlot {
+    key: WarmKey,
+    entry: WarmEntry,
+    bytes: usize,
+    used: u64,
+}
 
 /// What a request asks, besides its user's policy.
 #[derive(PartialEq, Eq)]
@@ -245,9 +263,47 @@ impl Connections {
     }
 }
 
+impl WarmEntry {
+    /// Approximate bytes this answer keeps with its key: the message (counted
+    /// whole though the composition memo may share it: once that memo moves
+    /// on, this is its only holder), the report's lists, the key's query, and
+    /// [`ITEM_OVERHEAD`](crate::lru::ITEM_OVERHEAD) per list item and for the
+    /// entry itself.
+    pub(super) fn bytes(&self, key: &WarmKey) -> usize {
+        use crate::lru::ITEM_OVERHEAD;
+        let r = &self.report;
+        let included: usize = r.included.iter().map(|i| i.id.len() + ITEM_OVERHEAD).sum();
+        let excluded: usize =
+            r.excluded.iter().map(|e| e.id.len() + e.detail.as_ref().map_or(0, String::len) + ITEM_OVERHEAD).sum();
+        let texts: usize = r.warnings.iter().chain(&r.reason).map(String::len).sum();
+        let message = self.message.as_ref().map_or(0, |m| m.content.len());
+        let key_bytes = key.user.len() + key.model.len() + key.query.as_ref().map_or(0, String::len);
+        message + included + excluded + texts + key_bytes + r.user.len() + r.model.len() + ITEM_OVERHEAD
+    }
+}
+
 impl WarmMemo {
+    /// An empty memo keeping at most about `max_bytes`.
+    pub(super) fn new(max_bytes: usize) -> Self {
+        Self { entries: std::sync::Mutex::new(Warm { max: max_bytes, ..Warm::default() }) }
+    }
+
     pub(super) fn clear(&self) {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let mut w = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        w.users.clear();
+        w.bytes = 0;
+    }
+
+    /// Approximate bytes kept, all users together.
+    #[cfg(test)]
+    pub(super) fn bytes(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).bytes
+    }
+
+    /// Users with a remembered answer.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).users.len()
     }
 
     pub(super) fn get(
@@ -258,11 +314,15 @@ impl WarmMemo {
         cache_version: u64,
         hub: &Hub,
     ) -> Option<(Option<ContextMessage>, Report)> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let (k, e) = entries.get(&key.user)?;
-        if k != key {
+        let mut w = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        w.clock += 1;
+        let tick = w.clock;
+        let slot = w.users.get_mut(&key.user)?;
+        if slot.key != *key {
             return None;
         }
+        slot.used = tick;
+        let e = &slot.entry;
         let valid = Arc::ptr_eq(&e.policy, policy)
             && e.listing_generation == listing_generation
             && e.stamp.version == cache_version
@@ -271,11 +331,113 @@ impl WarmMemo {
         valid.then(|| (e.message.clone(), e.report.clone()))
     }
 
+    /// Remembers `entry` as the user's answer (replacing their previous
+    /// one), then brings the memo back under its bound. An answer larger
+    /// than the bound is not kept.
     pub(super) fn put(&self, key: WarmKey, entry: WarmEntry) {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= WARM_MEMO_SIZE && !entries.contains_key(&key.user) {
-            entries.clear();
+        let bytes = entry.bytes(&key);
+        let mut w = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = w.users.remove(&key.user) {
+            w.bytes -= old.bytes;
         }
-        entries.insert(key.user.clone(), (key, entry));
+        if bytes > w.max {
+            return;
+        }
+        w.clock += 1;
+        let used = w.clock;
+        w.bytes += bytes;
+        w.users.insert(key.user.clone(), WarmSlot { key, entry, bytes, used });
+        if w.bytes > w.max {
+            let excess = w.bytes - crate::lru::low_water(w.max);
+            let gone = crate::lru::oldest(w.users.iter().map(|(u, s)| (s.used, s.bytes, u.clone())), excess);
+            for user in gone {
+                if let Some(s) = w.users.remove(&user) {
+                    w.bytes -= s.bytes;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, MessageRole};
+
+    fn key(user: &str) -> WarmKey {
+        WarmKey { user: user.into(), model: "gpt-4o".into(), budget: None, select: None, query: None }
+    }
+
+    fn entry(policy: &Arc<Policy>, message_bytes: usize) -> WarmEntry {
+        let message =
+            ContextMessage { role: MessageRole::System, content: Arc::new("m".repeat(message_bytes)), tokens: 1 };
+        WarmEntry {
+            policy: policy.clone(),
+            listing_generation: 0,
+            stamp: CacheStamp { version: 0, expires: None },
+            connections: Connections(Vec::new()),
+            message: Some(message),
+            report: Report::default(),
+        }
+    }
+
+    async fn hub() -> Hub {
+        let config = Config::from_yaml_with_env("{}", std::path::Path::new("/c.yaml"), &|_| None).unwrap();
+        Hub::connect(&config).await
+    }
+
+    #[tokio::test]
+    async fn the_warm_memo_stays_under_its_bytes_least_recently_used_first() {
+        let (hub, policy) = (hub().await, Arc::new(Policy::allow_all()));
+        let one = entry(&policy, 10_000).bytes(&key("u00"));
+        let memo = WarmMemo::new(one * 10);
+        for i in 0..10 {
+            memo.put(key(&format!("u{i:02}")), entry(&policy, 10_000));
+        }
+        assert_eq!((memo.len(), memo.bytes()), (10, one * 10));
+        // u00 answers again: the most recent now.
+        assert!(memo.get(&key("u00"), &policy, 0, 0, &hub).is_some());
+        memo.put(key("u10"), entry(&policy, 10_000));
+        assert!(memo.bytes() <= crate::lru::low_water(one * 10));
+        assert!(memo.get(&key("u00"), &policy, 0, 0, &hub).is_some(), "used lately: kept");
+        assert!(memo.get(&key("u10"), &policy, 0, 0, &hub).is_some(), "the newest: kept");
+        assert!(memo.get(&key("u01"), &policy, 0, 0, &hub).is_none(), "the oldest: gone");
+        for i in 0..1000 {
+            memo.put(key(&format!("v{i}")), entry(&policy, 5_000 + i * 7));
+            assert!(memo.bytes() <= one * 10);
+        }
+        // The count is the sum of what is kept.
+        let w = memo.entries.lock().unwrap();
+        assert_eq!(w.bytes, w.users.values().map(|s| s.bytes).sum::<usize>());
+    }
+
+    #[test]
+    fn a_users_new_answer_replaces_the_old_and_one_too_large_is_not_kept() {
+        let policy = Arc::new(Policy::allow_all());
+        let memo = WarmMemo::new(50_000);
+        memo.put(key("ann"), entry(&policy, 20_000));
+        memo.put(key("ann"), entry(&policy, 1_000));
+        assert_eq!((memo.len(), memo.bytes()), (1, entry(&policy, 1_000).bytes(&key("ann"))));
+        // Too large for the bound: not kept, and ann's old answer is gone too.
+        memo.put(key("ann"), entry(&policy, 60_000));
+        assert_eq!((memo.len(), memo.bytes()), (0, 0));
+        let off = WarmMemo::new(0);
+        off.put(key("ann"), entry(&policy, 1));
+        assert_eq!(off.len(), 0);
+    }
+
+    #[test]
+    fn an_answers_bytes_count_its_message_report_and_query() {
+        let policy = Arc::new(Policy::allow_all());
+        let mut e = entry(&policy, 4_000);
+        let small = e.bytes(&key("ann"));
+        assert!(small >= 4_000);
+        Arc::make_mut(&mut e.report.excluded).push(Excluded {
+            id: "fx:fx://doc".into(),
+            reason: crate::report::ExcludeReason::Budget,
+            detail: Some("d".repeat(3_000)),
+        });
+        let k = WarmKey { query: Some("q".repeat(16_000)), ..key("ann") };
+        assert!(e.bytes(&k) >= small + 19_000);
     }
 }

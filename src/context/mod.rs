@@ -205,7 +205,7 @@ impl McpContext {
             cache,
             compositions: Arc::default(),
             selections: SelectionMemo::default(),
-            warm: WarmMemo::default(),
+            warm: WarmMemo::new(config.context.warm_memo_max_bytes),
             chunks: Arc::new(ChunkIndex::new(config.context.chunk_tokens, config.context.chunk_overlap)),
             tokenizers: std::sync::Mutex::default(),
         }

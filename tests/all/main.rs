@@ -15,6 +15,7 @@ mod faults;
 mod gate;
 mod hub;
 mod inject;
+mod memory;
 mod policy;
 mod protocol;
 mod relevance;
