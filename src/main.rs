@@ -301,7 +301,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         let d = up.decide(r);
                         writeln!(out, "{} {} for user {}", if d.allowed { "ALLOW" } else { "DENY" }, r.id, user)?;
                         writeln!(out, "  {}", d.detail())?;
-                        match admitted.via {
+                        match &admitted.via {
                             Via::Listing => {}
                             Via::Template(t) => writeln!(out, "  note: not listed; an expansion of the template {t}")?,
                             Via::Include => writeln!(out, "  note: not listed; one of this user's policy includes")?,
