@@ -453,7 +453,7 @@ async fn build_for(ctx: &McpContext, user: &str, select: &[&str]) -> (String, mc
 
 fn reason_of(report: &mcp_context::Report, id: &str) -> String {
     let e = report.excluded.iter().find(|e| e.id == id).unwrap_or_else(|| panic!("{id} not excluded: {report:#?}"));
-    serde_json::to_value(&e.reason).unwrap().as_str().unwrap().to_owned()
+    serde_json::to_value(e.reason).unwrap().as_str().unwrap().to_owned()
 }
 
 /// The scenario of issue 28 against one SDK server: what each user gets,
