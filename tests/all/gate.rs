@@ -517,6 +517,25 @@ async fn never_rewrites_what_is_read(s: &SdkSetup, what: &str) {
     assert!(r.is_error && r.content.contains("not found"), "{what}: {}", r.content);
     assert!(s.take_reads().is_empty(), "{what}");
     ctx.close().await;
+
+    // `policy explain` decides through the same gate, on the same metadata, and reads nothing.
+    let explain = |user: &str, id: &str| {
+        let out = Command::new(MCP_CONTEXT)
+            .arg("--config")
+            .arg(&s.config)
+            .args(["policy", "explain", "--user", user, id])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = explain("mo", "s:tickets://T-7");
+    assert!(out.starts_with("DENY s:tickets://T-7 for user mo"), "{what}:\n{out}");
+    assert!(out.contains(r#"{ mime: "text/plain" }"#) && out.contains("template's MIME type text/plain"), "{out}");
+    let out = explain("staff", "s:tickets://{id}");
+    assert!(out.contains("refused before the policy: not found"), "{what}:\n{out}");
+    let out = explain("tia", "s:tickets://AB");
+    assert!(out.starts_with("DENY s:tickets://AB for user tia") && out.contains("no allow rule matches"), "{out}");
+    assert!(s.take_reads().is_empty(), "{what}");
 }
 
 /// Issue 28 against the official Python SDK's `MCPServer` (FastMCP).
