@@ -2,30 +2,34 @@
 //!
 //! A `server:uri` that somebody asks for (`preview --select`, an `@server:uri`
 //! mention, the model's `read_mcp_resource` call, a policy `include`, a
-//! proxied request) is not a resource the server listed: it is a string, and
-//! servers normalise strings before they read them (the official Python SDK
-//! lower-cases the scheme; file servers percent-decode and resolve `..`). A
-//! policy that decided on the raw string would decide on something other than
-//! what the server reads. So every requested URI passes [`admit`] first, and
-//! is admitted only as one of:
+//! proxied request) is not a resource the server listed: it is a string.
+//! MCP URIs are opaque to the host: custom schemes put identifiers in the
+//! host position (`users://Bob/profile` and `users://bob/profile` are two
+//! users), and the official SDKs match URIs and templates case-sensitively.
+//! So nothing requested is ever rewritten: every requested URI passes
+//! [`admit`] first, and is admitted, byte for byte as asked, only as one of:
 //!
-//! 1. **a listed resource**: exactly a URI in the server's current listing,
-//!    or one equal to it once scheme and host are lower-cased. The listing
-//!    entry (with its MIME type) is what the policy decides on and what is
-//!    read;
-//! 2. **an expansion of a listed template** (RFC 6570 levels 1 and 2, as MCP
-//!    uses them: a `{var}` value never contains `/`, `?` or `#`; a `{+var}` or
-//!    `{#var}` value may contain `/`; other operators are not matched, so
-//!    such templates admit nothing), that passes [`hygiene`];
+//! 1. **a listed resource**: exactly a URI in the server's current listing.
+//!    The listing entry (with its MIME type) is what the policy decides on
+//!    and what is read;
+//! 2. **an expansion of a listed template** (RFC 6570 levels 1 and 2, as the
+//!    SDKs match them: literals case-sensitively, a `{var}` value never
+//!    contains `/`, `?` or `#`; a `{+var}` or `{#var}` value may contain
+//!    `/`; no value contains `{` or `}`, so the unexpanded template is no
+//!    expansion of itself; other operators are not matched, so such
+//!    templates admit nothing), that passes [`hygiene`]. It carries the
+//!    template's metadata (MIME type, annotations, name, title,
+//!    description) into the decision, the block and the report;
 //! 3. **one of the user's policy `include` entries** (operator-configured,
-//!    `{user}` expanded URL-encoded), that passes [`hygiene`] too.
+//!    `{user}` expanded URL-encoded), that passes [`hygiene`] too, with the
+//!    metadata of a template it expands, if any.
 //!
 //! Anything else is refused and answered exactly like a resource that does
-//! not exist: same text, never read. For cases 2 and 3 the canonical form
-//! ([`canonical_uri`]: scheme and host lower-cased, nothing else rewritten)
-//! is both what the policy decides on and what goes into `resources/read`.
-//! For case 1 the listed spelling is sent: it is the server's own name for
-//! the resource, equal to the canonical form under RFC 3986.
+//! not exist: same text, never read. Servers may still normalise what they
+//! are sent (lower-case a scheme, percent-decode, resolve `..`): [`hygiene`]
+//! refuses the spellings that resolve elsewhere, and the policy's `deny`
+//! rules also match with scheme and host case-folded ([`canonical_uri`]),
+//! so ambiguity resolves toward deny.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -34,7 +38,7 @@ use std::sync::Arc;
 use crate::hub::Hub;
 use crate::id::ResourceId;
 use crate::policy::UserPolicy;
-use crate::resource::Resource;
+use crate::resource::{Resource, ResourceTemplate};
 
 /// How a requested URI was admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +55,8 @@ pub enum Via {
 #[derive(Debug, Clone)]
 pub struct Admitted {
     /// The listing entry, or (for template expansions and includes) a
-    /// resource known by its canonical id only.
+    /// resource known by the id as requested, with the metadata of the
+    /// template it expands, if any.
     pub resource: Arc<Resource>,
     /// Why it was admitted.
     pub via: Via,
@@ -109,34 +114,44 @@ pub fn admit(hub: &Hub, user: &UserPolicy, id: &ResourceId) -> Result<Admitted, 
     if let Some(r) = listing.resources.iter().find(|r| r.id.uri == id.uri) {
         return Ok(Admitted { resource: r.clone(), via: Via::Listing });
     }
-    let canonical = canonical_uri(&id.uri);
-    if let Some(r) = listing.resources.iter().find(|r| canonical_uri(&r.id.uri) == canonical) {
-        return Ok(Admitted { resource: r.clone(), via: Via::Listing });
+    hygiene(&id.uri)?;
+    // The first template that expands to it, as the SDKs try them in order.
+    let template = listing.templates.iter().find(|t| template_matches(&t.uri_template, &id.uri));
+    let resource = || Arc::new(expansion(id, template));
+    if user.includes().iter().any(|inc| inc == id) {
+        return Ok(Admitted { resource: resource(), via: Via::Include });
     }
-    hygiene(&canonical)?;
-    let unlisted = || Arc::new(Resource::unlisted(ResourceId::from_listing(&id.server, &canonical)));
-    if user.includes().iter().any(|inc| inc.server == id.server && canonical_uri(&inc.uri) == canonical) {
-        return Ok(Admitted { resource: unlisted(), via: Via::Include });
-    }
-    match listing.templates.iter().find(|t| expands(&t.uri_template, &canonical)) {
-        Some(t) => Ok(Admitted { resource: unlisted(), via: Via::Template(t.uri_template.clone()) }),
+    match template {
+        Some(t) => Ok(Admitted { resource: resource(), via: Via::Template(t.uri_template.clone()) }),
         None => Err(Refusal::NotOffered),
     }
 }
 
-/// Whether `uri` (canonical) is an expansion of `template`.
-fn expands(template: &str, uri: &str) -> bool {
-    template_matches(&canonical_uri(template), uri)
+/// The resource an unlisted URI names: known by its id only, with the
+/// metadata of the template it expands, if any (an expansion has no
+/// listing entry of its own to take them from).
+fn expansion(id: &ResourceId, template: Option<&ResourceTemplate>) -> Resource {
+    let mut r = Resource::unlisted(id.clone());
+    if let Some(t) = template {
+        r.name = t.name.clone();
+        r.title = t.title.clone();
+        r.description = t.description.clone();
+        r.mime_type = t.mime_type.clone();
+        r.annotations = t.annotations.clone();
+    }
+    r
 }
 
-/// Scheme and host lower-cased (RFC 3986 §3.1, §3.2.2: both are
-/// case-insensitive); nothing else is rewritten: paths stay case-sensitive
-/// and percent-encodings stay as they are. Borrowed when already canonical.
+/// Scheme and host lower-cased, nothing else (percent-encodings stay as
+/// they are). Never what is read or what `allow` rules match: only the
+/// second spelling `deny` rules are matched against, for servers that
+/// normalise (RFC 3986 makes both case-insensitive for the URIs it
+/// defines). Borrowed when already canonical.
 pub fn canonical_uri(uri: &str) -> Cow<'_, str> {
     canonical(uri, |b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
 }
 
-/// The same for a policy glob: its scheme may hold glob characters too.
+/// The same for a `deny` rule's glob: its scheme may hold glob characters too.
 pub(crate) fn canonical_glob(glob: &str) -> Cow<'_, str> {
     canonical(glob, |b| !matches!(b, b'/' | b':' | b'#' | b'?' | b'@'))
 }
@@ -260,9 +275,9 @@ fn parse_template(t: &str) -> Option<Vec<Piece<'_>>> {
     Some(pieces)
 }
 
-/// Whether `uri` is an expansion of `template`: literals match exactly,
-/// each variable one or more characters (never `/` for `{var}`, never `?`
-/// or `#` for any). Runs in O(pieces × length): the set of positions
+/// Whether `uri` is an expansion of `template`: literals match exactly
+/// (case-sensitively), each variable one or more characters (never `/` for
+/// `{var}`, never `?`, `#`, `{` or `}` for any). Runs in O(pieces × length): the set of positions
 /// reachable after each piece, no backtracking.
 fn template_matches(template: &str, uri: &str) -> bool {
     let Some(pieces) = parse_template(template) else { return false };
@@ -280,7 +295,7 @@ fn template_matches(template: &str, uri: &str) -> bool {
                 }
             }
             Piece::Var { reserved } => {
-                let allowed = |b: u8| !matches!(b, b'?' | b'#') && (*reserved || b != b'/');
+                let allowed = |b: u8| !matches!(b, b'?' | b'#' | b'{' | b'}') && (*reserved || b != b'/');
                 let mut running = false;
                 for p in 0..s.len() {
                     running |= reach[p];
@@ -354,6 +369,16 @@ mod tests {
         assert!(template_matches("x://{a}-{b}", "x://1-2-3"));
         assert!(template_matches("x://p{#frag}", "x://p#a/b"));
         assert!(!template_matches("x://p{#frag}", "x://p"));
+        // Literals are case-sensitive, and no value holds a brace: the
+        // unexpanded template is no expansion of itself (issue 28).
+        assert!(template_matches("tickets://{id}", "tickets://T-7"));
+        assert!(!template_matches("tickets://{id}", "TICKETS://T-7"));
+        assert!(!template_matches("tickets://{id}", "Tickets://T-7"));
+        assert!(!template_matches("users://{user}/profile", "users://{user}/profile"));
+        assert!(!template_matches("users://{user}/profile", "users://a}b/profile"));
+        assert!(!template_matches("tickets://{id}", "tickets://{id}"));
+        assert!(!template_matches("file:///{+path}", "file:///docs/{+path}"));
+        assert!(!template_matches("x://p{#frag}", "x://p#{frag}"));
         // Level 3 and 4, and broken templates, match nothing.
         for t in ["x://s{?q}", "x://{a,b}", "x://{/p}", "x://{a:3}", "x://{a*}", "x://{a", "x://a}", "x://{}"] {
             assert!(!template_matches(t, "x://s?q=1"), "{t}");

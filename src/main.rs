@@ -301,13 +301,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         let d = up.decide(r);
                         writeln!(out, "{} {} for user {}", if d.allowed { "ALLOW" } else { "DENY" }, r.id, user)?;
                         writeln!(out, "  {}", d.detail())?;
-                        if r.id != id {
-                            writeln!(out, "  note: requested as {id}; decided on (and read as) {}", r.id)?;
-                        }
-                        match admitted.via {
+                        match &admitted.via {
                             Via::Listing => {}
                             Via::Template(t) => writeln!(out, "  note: not listed; an expansion of the template {t}")?,
                             Via::Include => writeln!(out, "  note: not listed; one of this user's policy includes")?,
+                        }
+                        if admitted.via != Via::Listing
+                            && let Some(mime) = &r.mime_type
+                        {
+                            writeln!(out, "  note: decided with the template's MIME type {mime}")?;
                         }
                     }
                 }

@@ -86,8 +86,10 @@ pub struct ResourceTemplate {
     pub title: Option<String>,
     /// Description.
     pub description: Option<String>,
-    /// MIME type.
+    /// MIME type of every expansion.
     pub mime_type: Option<String>,
+    /// Annotations of every expansion.
+    pub annotations: Annotations,
 }
 
 /// One part of a read result. Serialisable so that the shared cache can

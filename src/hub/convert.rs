@@ -12,22 +12,24 @@ use crate::error::Error;
 use crate::id::ResourceId;
 use crate::resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
 
+fn convert_annotations(a: Option<rmcp::model::Annotations>) -> Annotations {
+    a.map(|a| Annotations {
+        audience: a.audience.map(|v| {
+            v.into_iter()
+                .map(|role| match role {
+                    rmcp::model::Role::User => Audience::User,
+                    _ => Audience::Assistant,
+                })
+                .collect()
+        }),
+        priority: a.priority.filter(|p| p.is_finite()),
+        last_modified: a.last_modified,
+    })
+    .unwrap_or_default()
+}
+
 pub(super) fn convert_resource(server: &str, r: rmcp::model::Resource, now: SystemTime) -> Resource {
-    let annotations = r
-        .annotations
-        .map(|a| Annotations {
-            audience: a.audience.map(|v| {
-                v.into_iter()
-                    .map(|role| match role {
-                        rmcp::model::Role::User => Audience::User,
-                        _ => Audience::Assistant,
-                    })
-                    .collect()
-            }),
-            priority: a.priority.filter(|p| p.is_finite()),
-            last_modified: a.last_modified,
-        })
-        .unwrap_or_default();
+    let annotations = convert_annotations(r.annotations);
     Resource {
         id: ResourceId::from_listing(server, &r.uri),
         name: r.name,
@@ -48,6 +50,7 @@ pub(super) fn convert_template(server: &str, t: rmcp::model::ResourceTemplate) -
         title: t.title,
         description: t.description,
         mime_type: t.mime_type,
+        annotations: convert_annotations(t.annotations),
     }
 }
 

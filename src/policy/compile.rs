@@ -301,7 +301,7 @@ impl Owner<'_> {
         let key = effect.to_string();
         let owner = format!("{} {}", &self.section[..self.section.len() - 1], self.name);
         let mut rules = Vec::with_capacity(raw.len());
-        rules.extend(raw.into_iter().enumerate().filter_map(|(index, r)| Some((index, r.0?))).map(|(index, r)| {
+        for (index, r) in raw.into_iter().enumerate().filter_map(|(index, r)| Some((index, r.0?))) {
             let reference = RuleRef {
                 file: self.path.to_path_buf(),
                 line: self.lines.line(effect, index),
@@ -310,15 +310,33 @@ impl Owner<'_> {
                 index,
                 rule: canonical(&r),
             };
-            Rule {
+            let (uri, folded) = r.uri.map_or_else(|| (Pattern::any(), None), |u| (u.0, u.1));
+            let rule = Rule {
                 server: r.server.unwrap_or_else(Pattern::no_slash),
-                uri: r.uri.map_or_else(Pattern::any, |u| u.0),
+                uri,
                 mime_params: r.mime.as_ref().is_some_and(|m| m.0.text.contains(';')),
                 mime: r.mime.map(|m| m.0),
                 shared: [0; FIELDS],
+                folded: false,
                 reference,
-            }
-        }));
+            };
+            // A deny rule whose glob names an upper-case scheme or host also
+            // matches as folded, right after itself (see `UserPolicy::decide`).
+            let folded = match folded {
+                Some(uri) if effect == Effect::Deny => Some(Rule {
+                    server: rule.server.clone(),
+                    uri,
+                    mime: rule.mime.clone(),
+                    mime_params: rule.mime_params,
+                    shared: [0; FIELDS],
+                    folded: true,
+                    reference: rule.reference.clone(),
+                }),
+                _ => None,
+            };
+            rules.push(rule);
+            rules.extend(folded);
+        }
         RuleSet::new(rules, servers).unwrap_or_else(|e| {
             let at = self.lines.keys[effect as usize];
             found.add(self.file, at, format!("{owner} {key}: {e}"));

@@ -236,10 +236,16 @@ impl Pattern {
         Self::compile_as(text, text)
     }
 
-    /// A `uri` glob: matched against canonical URIs, so its own scheme and
-    /// host are lower-cased first (`SECRET://**` is `secret://**`).
-    pub(super) fn compile_uri(text: &str) -> std::result::Result<Self, String> {
-        Self::compile_as(text, &canonical_glob(text))
+    /// A `uri` glob with its scheme and host lower-cased (`SECRET://**` is
+    /// `secret://**`), shown as written; `None` when that changes nothing.
+    /// A `deny` rule matches with it too, against URIs with their scheme and
+    /// host lower-cased, so that a server that normalises cannot read what
+    /// a differently spelled request named.
+    pub(super) fn compile_folded_uri(text: &str) -> std::result::Result<Option<Self>, String> {
+        match canonical_glob(text) {
+            Cow::Borrowed(_) => Ok(None),
+            Cow::Owned(folded) => Self::compile_as(text, &folded).map(Some),
+        }
     }
 
     /// A `mime` glob: matched case-insensitively, so lower-cased, and

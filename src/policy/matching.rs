@@ -85,6 +85,9 @@ pub(super) struct Rule {
     pub(super) mime_params: bool,
     /// Per [`Field`]: the number of a general `server`/`mime` glob in [`Index`].
     pub(super) shared: [u32; FIELDS],
+    /// The second entry of a `deny` rule whose `uri` glob changes when its
+    /// scheme and host are lower-cased: that folded glob, same reference.
+    pub(super) folded: bool,
     pub(super) reference: RuleRef,
 }
 
@@ -102,7 +105,7 @@ pub(super) struct Rule {
 ///   back to rules through `rule_of`.
 #[derive(Debug, Default)]
 pub(super) struct RuleSet {
-    /// In file order: the index is the rule's `RuleRef::index`.
+    /// In file order, a deny rule's folded entry right after it.
     pub(super) rules: Vec<Rule>,
     /// `(server id, rule)` for rules whose `server` is a literal, sorted.
     pub(super) by_server: Vec<(u32, u32)>,
@@ -326,8 +329,9 @@ impl RuleSet {
         Ok(set)
     }
 
+    /// The number of rules written.
     pub(super) fn len(&self) -> usize {
-        self.rules.len()
+        self.rules.iter().filter(|r| !r.folded).count()
     }
 
     /// The first rule (in file order) matching `s`.
@@ -425,7 +429,8 @@ pub(super) struct Subject<'a> {
     pub(super) server: &'a str,
     /// `None`: no rule names this server literally.
     pub(super) server_id: Option<u32>,
-    /// Canonical: scheme and host lower-cased.
+    /// As the resource is named, or with scheme and host lower-cased
+    /// (see [`Subject::folded`]).
     pub(super) uri: Cow<'a, str>,
     /// type/subtype, lower-case (see [`mime_essence`]).
     pub(super) mime: Option<Cow<'a, str>>,
@@ -434,9 +439,22 @@ pub(super) struct Subject<'a> {
 }
 
 impl<'a> Subject<'a> {
+    /// The resource as it is named: what every rule matches.
     pub(super) fn new(r: &'a Resource, index: &'a Index) -> Self {
+        Self::with_uri(r, index, Cow::Borrowed(&r.id.uri))
+    }
+
+    /// The resource with its URI's scheme and host lower-cased, what `deny`
+    /// rules also match; `None` when that changes nothing.
+    pub(super) fn folded(r: &'a Resource, index: &'a Index) -> Option<Self> {
+        match canonical_uri(&r.id.uri) {
+            Cow::Borrowed(_) => None,
+            folded => Some(Self::with_uri(r, index, folded)),
+        }
+    }
+
+    fn with_uri(r: &'a Resource, index: &'a Index, uri: Cow<'a, str>) -> Self {
         let mime = r.mime_type.as_deref();
-        let uri = canonical_uri(&r.id.uri);
         let (mime, mime_params) = (mime.map(mime_essence), mime.map(mime_with_params));
         let head = |s: Option<&str>| s.map_or([0; 2], Head::of_subject);
         Subject {

@@ -11,7 +11,12 @@
 //! # Globs
 //!
 //! Rule fields (`server`, `uri`, `mime`) are globs matched case-sensitively
-//! against the whole string:
+//! against the whole string (a resource's URI exactly as the server names
+//! it: MCP URIs are opaque, `users://Bob` and `users://bob` are two). One
+//! exception leans toward deny: a `deny` rule's `uri` also matches with the
+//! scheme and host lower-cased in both glob and URI, so `deny: secret://**`
+//! stops `SECRET://payroll` on a server that normalises. An `allow` rule
+//! never does: `allow: acc://doc/**` does not grant `acc://DOC/upper`.
 //!
 //! * `*` matches any run of characters except `/`;
 //! * `**` (or any longer run of stars) matches any run of characters
@@ -260,6 +265,7 @@ impl Policy {
             mime: None,
             mime_params: false,
             shared: [0; FIELDS],
+            folded: false,
             reference: RuleRef {
                 file: file.clone(),
                 line: None,
@@ -359,7 +365,8 @@ impl UserPolicy {
     }
 
     /// Decides whether the user may see `resource`: some allow rule matches and
-    /// no deny rule does. A rule with `mime` only matches a resource whose
+    /// no deny rule does. Allow rules match the URI exactly; deny rules also
+    /// with its scheme and host lower-cased (see the module's "Globs"). A rule with `mime` only matches a resource whose
     /// *listing* gave a matching MIME type: we decide before reading, so a
     /// resource without a listed MIME type never matches such a rule (an
     /// allow-by-MIME does not let it in, a deny-by-MIME does not keep it out;
@@ -371,13 +378,20 @@ impl UserPolicy {
     /// against the whole type instead.
     pub fn decide(&self, resource: &Resource) -> Decision {
         let subject = Subject::new(resource, &self.servers);
+        let folded = Subject::folded(resource, &self.servers);
         // Grants in order (own, then roles), rules in file order: the first
-        // match is the rule reported.
-        let first = |effect: Effect| self.grants.iter().find_map(|g| g.set(effect).first_match(&subject));
-        if let Some(rule) = first(Effect::Deny) {
+        // match is the rule reported. A deny rule also matches with scheme
+        // and host lower-cased on both sides (ambiguity resolves toward
+        // deny); an allow rule only as written.
+        let deny = self.grants.iter().find_map(|g| {
+            let deny = g.set(Effect::Deny);
+            let (exact, folded) = (deny.first_match(&subject), folded.as_ref().and_then(|f| deny.first_match(f)));
+            exact.into_iter().chain(folded).min_by_key(|r| r.reference.index)
+        });
+        if let Some(rule) = deny {
             return Decision { allowed: false, rule: Some(rule.reference.clone()) };
         }
-        match first(Effect::Allow) {
+        match self.grants.iter().find_map(|g| g.set(Effect::Allow).first_match(&subject)) {
             Some(rule) => Decision { allowed: true, rule: Some(rule.reference.clone()) },
             None => Decision { allowed: false, rule: None },
         }

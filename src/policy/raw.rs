@@ -63,8 +63,10 @@ pub(super) struct RawRule {
     pub(super) mime: Option<MimePattern>,
 }
 
-/// A `uri` glob, compiled for canonical URIs (see [`Pattern::compile_uri`]).
-pub(super) struct UriPattern(pub(super) Pattern);
+/// A `uri` glob as written, and, when lower-casing its scheme and host
+/// changes it, that folded form too (only `deny` rules use it: see
+/// [`Pattern::compile_folded_uri`]).
+pub(super) struct UriPattern(pub(super) Pattern, pub(super) Option<Pattern>);
 
 /// A `mime` glob, compiled for normalised MIME types (see [`Pattern::compile_mime`]).
 pub(super) struct MimePattern(pub(super) Pattern);
@@ -97,7 +99,9 @@ impl<'de> Deserialize<'de> for Pattern {
 
 impl<'de> Deserialize<'de> for UriPattern {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        d.deserialize_str(PatternVisitor(Pattern::compile_uri)).map(UriPattern)
+        let exact = d.deserialize_str(PatternVisitor(Pattern::compile))?;
+        let folded = Pattern::compile_folded_uri(&exact.text).map_err(de::Error::custom)?;
+        Ok(UriPattern(exact, folded))
     }
 }
 

@@ -623,17 +623,29 @@ const URIS: &[&str] = &[
     "SECRET://a/b",
     "Demo://A/b",
     "DEMO://a",
+    "demo://A/b",
+    "Secret://a/b",
 ];
 const MIMES: &[&str] = &["text/plain", "image/png", "application/pdf"];
 
 type TestRule = (Option<&'static str>, Option<&'static str>, Option<&'static str>);
 
-fn rule_ref_matches((server, uri, mime): &TestRule, r: &Resource) -> bool {
+/// Whether `g` matches the rule's `uri` glob against the resource's URI:
+/// exactly for allow rules; for deny rules also with scheme and host
+/// lower-cased, on either side or both.
+fn uri_matches(g: impl Fn(&str, &str) -> bool, glob: &str, uri: &str, effect: Effect) -> bool {
+    if effect == Effect::Allow {
+        return g(glob, uri);
+    }
+    let (globs, uris) = ([glob, &canonical_glob(glob)], [uri, &canonical_uri(uri)]);
+    globs.iter().any(|p| uris.iter().any(|u| g(p, u)))
+}
+
+fn rule_ref_matches((server, uri, mime): &TestRule, r: &Resource, effect: Effect) -> bool {
     let g = |p: &str, s: &str| glob_ref(&p.chars().collect::<Vec<_>>(), &s.chars().collect::<Vec<_>>());
     g(server.unwrap_or("*"), &r.id.server)
-            // Globs match canonical URIs: scheme and host case-insensitively.
-            && g(&canonical_glob(uri.unwrap_or("**")), &canonical_uri(&r.id.uri))
-            && mime.is_none_or(|m| r.mime_type.as_deref().is_some_and(|t| g(m, t)))
+        && uri_matches(g, uri.unwrap_or("**"), &r.id.uri, effect)
+        && mime.is_none_or(|m| r.mime_type.as_deref().is_some_and(|t| g(m, t)))
 }
 
 fn rule_yaml((server, uri, mime): &TestRule) -> String {
@@ -695,7 +707,7 @@ proptest! {
             r.mime_type = mime.map(str::to_owned);
             let first = |effect: Effect| owners.iter().find_map(|(owner, (allow, deny))| {
                 let list = if effect == Effect::Allow { allow } else { deny };
-                list.iter().position(|t| rule_ref_matches(t, &r)).map(|i| (owner.clone(), effect, i))
+                list.iter().position(|t| rule_ref_matches(t, &r, effect)).map(|i| (owner.clone(), effect, i))
             });
             let expected = first(Effect::Deny).or_else(|| first(Effect::Allow));
             let allowed = matches!(expected, Some((_, Effect::Allow, _)));
@@ -777,6 +789,8 @@ const WIDE_URI_GLOBS: &[&str] = &[
     "demo://a/**/b",
     "x*/y",
     "DEMO://A/**",
+    "demo://A/**",
+    "SECRET://**",
     "demo://a/\\*",
     "demo**b",
 ];
@@ -794,6 +808,8 @@ const WIDE_URIS: &[&str] = &[
     "xz/y",
     "demob",
     "Demo://A/b",
+    "demo://A/b",
+    "DEMO://a/b",
     "demo://a/*",
     "demo://a//b",
 ];
@@ -807,9 +823,9 @@ fn wide_rule() -> impl Strategy<Value = TestRule> {
     )
 }
 
-/// A rule tried alone, by the definitions: the glob reference, canonical
-/// URIs, MIME type/subtype (or the whole type when the rule names parameters).
-fn wide_rule_matches((server, uri, mime): &TestRule, r: &Resource) -> bool {
+/// A rule tried alone, by the definitions: the glob reference, URIs exactly
+/// (and folded too for deny rules), MIME type/subtype (or the whole type when the rule names parameters).
+fn wide_rule_matches((server, uri, mime): &TestRule, r: &Resource, effect: Effect) -> bool {
     let g = |p: &str, s: &str| glob_ref(&p.chars().collect::<Vec<_>>(), &s.chars().collect::<Vec<_>>());
     let unescape = |p: &str| p.replace("\\*", "\u{1}");
     let lit = |s: &str| s.replace('*', "\u{1}");
@@ -822,7 +838,7 @@ fn wide_rule_matches((server, uri, mime): &TestRule, r: &Resource) -> bool {
         None => g(&unescape(p), &lit(s)),
     };
     brace(server.unwrap_or("*"), &r.id.server)
-        && brace(&canonical_glob(uri.unwrap_or("**")), &canonical_uri(&r.id.uri))
+        && uri_matches(brace, uri.unwrap_or("**"), &r.id.uri, effect)
         && mime.is_none_or(|m| {
             r.mime_type.as_deref().is_some_and(|t| {
                 if m.contains(';') {
@@ -886,7 +902,7 @@ proptest! {
             r.mime_type = mime.map(str::to_owned);
             let first = |effect: Effect| owners.iter().find_map(|(owner, (allow, deny))| {
                 let list = if effect == Effect::Allow { allow } else { deny };
-                list.iter().position(|t| wide_rule_matches(t, &r)).map(|i| (owner.clone(), effect, i, rule_yaml(&list[i]).replace("{  }", "{}")))
+                list.iter().position(|t| wide_rule_matches(t, &r, effect)).map(|i| (owner.clone(), effect, i, rule_yaml(&list[i]).replace("{  }", "{}")))
             });
             let expected = first(Effect::Deny).or_else(|| first(Effect::Allow));
             let d = user.decide(&r);
@@ -925,4 +941,47 @@ fn user_names_that_could_forge_logs_are_located_load_errors() {
     let long = "u".repeat(crate::MAX_USER_NAME_BYTES + 1);
     let (_, _, _, msg) = load_err(&format!("users:\n  {long}: {{}}\n"));
     assert!(msg.contains("at most 256 bytes"), "{msg}");
+
+// ---- case: allow exactly, deny also folded (issue 28) -------------------
+
+/// Allow rules match a URI exactly, scheme and host included; deny rules
+/// also with scheme and host lower-cased, on the glob's side and the URI's,
+/// so ambiguity resolves toward deny.
+#[test]
+fn allow_matches_exactly_and_deny_also_case_folded() {
+    let p = policy(
+        r#"
+roles:
+  r:
+    allow: [ { uri: "acc://doc/**" }, { uri: "tickets://ab" }, { uri: "**" } ]
+    deny: [ { uri: "secret://**" }, { uri: "TICKETS://Q" } ]
+users:
+  u: { roles: [r] }
+  v: { allow: [ { uri: "acc://doc/**" }, { uri: "tickets://ab" } ] }
+"#,
+    );
+    let v = p.for_user("v");
+    assert!(v.decide(&res("a:acc://doc/lower")).allowed);
+    assert!(v.decide(&res("a:tickets://ab")).allowed);
+    for id in ["a:acc://DOC/upper", "a:ACC://doc/x", "a:tickets://AB", "a:tickets://Ab", "a:Tickets://ab"] {
+        assert!(!v.decide(&res(id)).allowed, "{id} is not what the allow rule names");
+    }
+    let u = p.for_user("u");
+    let denied_by = |id: &str| {
+        let d = u.decide(&res(id));
+        assert!(!d.allowed, "{id}");
+        d.rule.map(|r| r.index)
+    };
+    for id in ["a:secret://payroll", "a:SECRET://payroll", "a:Secret://payroll", "a:SECRET://Payroll/x"] {
+        assert_eq!(denied_by(id), Some(0), "{id}");
+    }
+    // A deny glob spelled with an upper-case scheme and host stops every spelling of them.
+    for id in ["a:TICKETS://Q", "a:tickets://Q", "a:tickets://q", "a:Tickets://q"] {
+        assert_eq!(denied_by(id), Some(1), "{id}");
+    }
+    // Paths stay case-sensitive for deny too.
+    assert!(u.decide(&res("a:tickets://Q/x")).allowed);
+    assert!(u.decide(&res("a:secretx://payroll")).allowed);
+    // The folded second entry is not counted as a rule of its own.
+    assert_eq!(p.summary().roles[0].deny, 2);
 }

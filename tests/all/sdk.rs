@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::common::*;
 use crate::protocol::{Sut, exercise, live_files};
 
-fn python() -> Option<PathBuf> {
+pub(crate) fn python() -> Option<PathBuf> {
     let py = Path::new(ROOT).join("target/py-mcp/bin/python");
     let ok = std::process::Command::new(&py).args(["-c", "import mcp"]).output().is_ok_and(|o| o.status.success());
     ok.then_some(py)
@@ -83,13 +83,13 @@ async fn python_sdk_server_forced_to_2025_11_25() {
 }
 
 /// `node` and the TypeScript SDK v2 in tests/node/node_modules.
-fn node_sdk() -> Option<PathBuf> {
+pub(crate) fn node_sdk() -> Option<PathBuf> {
     let sdk = Path::new(ROOT).join("tests/node/node_modules/@modelcontextprotocol/server/package.json");
     let node = std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
     (node && sdk.exists()).then(|| Path::new(ROOT).join("tests/node/ts-server.mjs"))
 }
 
-const NO_NODE_SDK: &str =
+pub(crate) const NO_NODE_SDK: &str =
     "node or tests/node/node_modules/@modelcontextprotocol/server missing (run `npm ci --prefix tests/node`)";
 
 fn ts_sut(script: PathBuf, t: &str, dir: &Path, protocol: Option<&'static str>, expect: &'static str) -> Sut {
