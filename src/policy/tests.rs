@@ -941,6 +941,7 @@ fn user_names_that_could_forge_logs_are_located_load_errors() {
     let long = "u".repeat(crate::MAX_USER_NAME_BYTES + 1);
     let (_, _, _, msg) = load_err(&format!("users:\n  {long}: {{}}\n"));
     assert!(msg.contains("at most 256 bytes"), "{msg}");
+}
 
 // ---- case: allow exactly, deny also folded (issue 28) -------------------
 
