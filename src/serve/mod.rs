@@ -319,8 +319,8 @@ fn decide(state: &AppState, req: &Request) -> Result<Route, (&'static str, ApiEr
 }
 
 /// A request with a body must say `application/json` (a browser's simple
-/// request cannot), except `multipart/form-data` to an endpoint the operator
-/// added to `serve.passthrough` (file uploads).
+/// request cannot), except `multipart/form-data` to a passthrough endpoint
+/// (file uploads, once an operator adds `/v1/files` to `serve.passthrough`).
 fn json_content_type(req: &Request, route: &Route) -> Result<(), ApiError> {
     let h = req.headers();
     let declared = h.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
