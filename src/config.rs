@@ -546,6 +546,15 @@ pub struct ContextSettings {
     /// first. `0` keeps none. Default [`DEFAULT_WARM_MEMO_MAX_BYTES`].
     #[serde(default = "default_warm_memo_max_bytes")]
     pub warm_memo_max_bytes: usize,
+    /// Bytes the chunk index (relevance mode's passages, terms and token
+    /// offsets per content version, with the contents they were cut from)
+    /// may keep, all resources and users together (approximate: see
+    /// [`ChunkIndex`](crate::ChunkIndex)). Past it the least recently used
+    /// content versions go first; one larger than the bound is chunked for
+    /// each request and not kept. `0` keeps none. Default
+    /// [`DEFAULT_CHUNK_INDEX_MAX_BYTES`].
+    #[serde(default = "default_chunk_index_max_bytes")]
+    pub chunk_index_max_bytes: usize,
 }
 
 /// Default `context.warm_memo_max_bytes` (32 MiB): a 16 KiB message and its
@@ -554,6 +563,18 @@ pub const DEFAULT_WARM_MEMO_MAX_BYTES: usize = 32 << 20;
 
 fn default_warm_memo_max_bytes() -> usize {
     DEFAULT_WARM_MEMO_MAX_BYTES
+}
+
+/// Default `context.chunk_index_max_bytes` (64 MiB). A content version
+/// costs four to six times its text here (the text, the rendered block, four
+/// bytes per token, the chunks' term counts), so this holds 10 to 16 MiB of
+/// resource text: a few hundred documents of a few tens of KiB. A larger
+/// knowledge base in relevance mode wants more, or its least recently used
+/// documents are chunked again when next asked for.
+pub const DEFAULT_CHUNK_INDEX_MAX_BYTES: usize = 64 << 20;
+
+fn default_chunk_index_max_bytes() -> usize {
+    DEFAULT_CHUNK_INDEX_MAX_BYTES
 }
 
 fn default_model() -> String {
@@ -592,6 +613,7 @@ impl Default for ContextSettings {
             chunk_tokens: default_chunk_tokens(),
             chunk_overlap: default_chunk_overlap(),
             warm_memo_max_bytes: DEFAULT_WARM_MEMO_MAX_BYTES,
+            chunk_index_max_bytes: DEFAULT_CHUNK_INDEX_MAX_BYTES,
         }
     }
 }
@@ -1507,8 +1529,19 @@ mod memory_bounds {
         let c = load("servers: {}\n").unwrap();
         assert_eq!(c.cache.private_max_bytes, DEFAULT_PRIVATE_MAX_BYTES);
         assert_eq!(c.context.warm_memo_max_bytes, DEFAULT_WARM_MEMO_MAX_BYTES);
-        let c = load("context:\n  warm_memo_max_bytes: 0\ncache:\n  private_max_bytes: 1000\n").unwrap();
+        assert_eq!(c.context.chunk_index_max_bytes, DEFAULT_CHUNK_INDEX_MAX_BYTES);
+        let c = load(
+            "context:\n  warm_memo_max_bytes: 0\n  chunk_index_max_bytes: 5000\ncache:\n  private_max_bytes: 1000\n",
+        )
+        .unwrap();
         assert_eq!((c.cache.private_max_bytes, c.context.warm_memo_max_bytes), (1000, 0));
+        assert_eq!(c.context.chunk_index_max_bytes, 5000);
+        match load("context:\n  select: relevance\n  chunk_index_max_bytes: -1\n") {
+            Err(Error::Config { line: Some(3), column: Some(_), message, .. }) => {
+                assert!(message.contains("chunk_index_max_bytes") || message.contains("invalid"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
         match load("cache:\n  private_max_bytes: lots\n") {
             Err(Error::Config { line: Some(2), column: Some(_), message, .. }) => {
                 assert!(message.contains("private_max_bytes") || message.contains("invalid"), "{message}")

@@ -64,9 +64,10 @@ mod yaml;
 pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
 pub use config::{
-    CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST,
-    KeyDigest, MessageRole, PassthroughRule, Protocol, ServeSettings, ServerConfig, Transport, UpstreamUser,
+    CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_KEY_PREFIX,
+    DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM,
+    DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST, KeyDigest, MessageRole, PassthroughRule, Protocol, ServeSettings,
+    ServerConfig, Transport, UpstreamUser,
 };
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};

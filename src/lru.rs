@@ -1,6 +1,6 @@
 //! Byte bounds for what is kept between requests: which least recently
 //! used items to drop so that a store (the private cache entries, the warm
-//! memo) stays under its bound.
+//! memo, relevance mode's chunk index) stays under its bound.
 //!
 //! Stores count the approximate bytes of what they keep and stamp each item
 //! with a use tick. Past the bound, one pass drops the oldest items until

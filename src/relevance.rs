@@ -21,6 +21,8 @@
 //! [`ChunkIndex`] keyed by the very `Arc` of the contents: a changed
 //! resource is a new `Arc`, so only it is chunked again, and a request
 //! that finds every resource indexed does no chunking or term analysis.
+//! The index is bounded in bytes (`context.chunk_index_max_bytes`, an
+//! estimate), least recently used content versions out first.
 //!
 //! # Ranking
 //!
@@ -101,7 +103,8 @@ pub(crate) const B: f32 = 0.75;
 /// How much an occurrence in the resource's name or title counts, against
 /// one in the chunk's text: a title says what the whole resource is about.
 pub(crate) const FIELD_WEIGHT: f32 = 2.0;
-/// Entries the chunk index holds before it keeps only the most recent use.
+/// Entries the chunk index holds, however small, before the least recently
+/// used half goes (its byte bound is the one that usually acts).
 const INDEX_LIMIT: usize = 8192;
 
 /// How resources are chosen for the message (`context.select`).
@@ -740,16 +743,52 @@ mod terms {
 /// the entry keeps alive (so the address cannot be reused by other contents
 /// while the entry exists), with the encoding and the listing metadata the
 /// block shows checked on every hit.
+///
+/// Bounded in bytes (`context.chunk_index_max_bytes`, default
+/// [`DEFAULT_CHUNK_INDEX_MAX_BYTES`](crate::DEFAULT_CHUNK_INDEX_MAX_BYTES)),
+/// and to 8192 entries: past the bytes, the least recently used content
+/// versions go until 7/8 of the bound is left; past the count, the least
+/// recently used half. An entry's bytes are an estimate: the contents it
+/// keeps alive (counted whole, though the content cache may hold the same
+/// `Arc`: once that cache drops it, as it does a `private` answer past its
+/// own bound, this entry is its only holder), the rendered block, the token
+/// offsets, the chunks and their term counts, and a fixed cost per item.
+/// Contents larger than the bound are chunked for the request that
+/// needs them and not kept.
 pub struct ChunkIndex {
     chunk_tokens: usize,
     overlap: usize,
-    entries: Mutex<HashMap<(usize, &'static str), Entry>>,
+    entries: Mutex<Entries>,
+}
+
+/// What the index keeps, and its byte count.
+#[derive(Default)]
+struct Entries {
+    map: HashMap<(usize, &'static str), Entry>,
+    /// Sum of the entries' `bytes`.
+    bytes: usize,
+    max: usize,
+}
+
+impl Entries {
+    /// Drops the least recently used entries until their `size`s add up
+    /// to `excess`.
+    fn drop_oldest(&mut self, excess: usize, size: impl Fn(&Entry) -> usize) {
+        let gone = crate::lru::oldest(self.map.iter().map(|(k, e)| (e.used, size(e), *k)), excess);
+        for k in gone {
+            if let Some(e) = self.map.remove(&k) {
+                self.bytes -= e.bytes;
+            }
+        }
+    }
 }
 
 struct Entry {
     contents: Arc<Contents>,
     meta: (String, Option<String>, Option<String>),
     chunked: Arc<Chunked>,
+    /// Approximate bytes kept ([`entry_bytes`]).
+    bytes: usize,
     used: u64,
 }
 
@@ -759,9 +798,34 @@ impl Entry {
     }
 }
 
+/// Approximate bytes an index entry keeps: the contents (as the content
+/// cache counts them), the resource's name, title and MIME type, the
+/// rendered block, four bytes per token offset, each chunk and its term
+/// counts, the name's terms, and [`ITEM_OVERHEAD`](crate::lru::ITEM_OVERHEAD)
+/// for the entry and the chunked form.
+fn entry_bytes(contents: &Contents, meta: &(String, Option<String>, Option<String>), chunked: &Chunked) -> usize {
+    use std::mem::size_of;
+    let term = size_of::<(u64, u16)>();
+    let chunks: usize = chunked.chunks.iter().map(|c| size_of::<Chunk>() + c.terms.len() * term).sum();
+    let meta = meta.0.len() + meta.1.as_ref().map_or(0, String::len) + meta.2.as_ref().map_or(0, String::len);
+    crate::cache::entry_bytes(contents, "")
+        + meta
+        + chunked.head.capacity()
+        + chunked.token_ends.capacity() * size_of::<u32>()
+        + chunks
+        + chunked.fields.len() * term
+        + 2 * crate::lru::ITEM_OVERHEAD
+}
+
 impl std::fmt::Debug for ChunkIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChunkIndex").field("chunk_tokens", &self.chunk_tokens).field("len", &self.len()).finish()
+        let e = self.lock();
+        f.debug_struct("ChunkIndex")
+            .field("chunk_tokens", &self.chunk_tokens)
+            .field("len", &e.map.len())
+            .field("bytes", &e.bytes)
+            .field("max_bytes", &e.max)
+            .finish()
     }
 }
 
@@ -769,15 +833,26 @@ static USE_CLOCK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 
 impl ChunkIndex {
     /// An empty index cutting chunks of `chunk_tokens` tokens, `overlap`
-    /// shared with the neighbour (at most half a chunk).
+    /// shared with the neighbour (at most half a chunk), keeping at most
+    /// about [`DEFAULT_CHUNK_INDEX_MAX_BYTES`](crate::DEFAULT_CHUNK_INDEX_MAX_BYTES)
+    /// (see [`ChunkIndex::with_max_bytes`]).
     pub fn new(chunk_tokens: usize, overlap: usize) -> Self {
         let chunk_tokens = chunk_tokens.max(1);
-        ChunkIndex { chunk_tokens, overlap: overlap.min(chunk_tokens / 2), entries: Mutex::default() }
+        let entries = Entries { max: crate::config::DEFAULT_CHUNK_INDEX_MAX_BYTES, ..Entries::default() };
+        ChunkIndex { chunk_tokens, overlap: overlap.min(chunk_tokens / 2), entries: Mutex::new(entries) }
+    }
+
+    /// The same index keeping at most about `max_bytes` (an estimate: see
+    /// the type's docs); `0` keeps nothing.
+    #[must_use]
+    pub fn with_max_bytes(self, max_bytes: usize) -> Self {
+        self.lock().max = max_bytes;
+        self
     }
 
     /// Number of resources whose chunks are kept.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().map.len()
     }
 
     /// True when nothing is kept.
@@ -785,7 +860,12 @@ impl ChunkIndex {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, &'static str), Entry>> {
+    /// Approximate bytes kept, all entries together (see the type's docs).
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -793,7 +873,7 @@ impl ChunkIndex {
     pub(crate) fn peek(&self, tok: &Tokenizer, resource: &Resource, contents: &Arc<Contents>) -> Option<Arc<Chunked>> {
         let key = (Arc::as_ptr(contents) as usize, tok.encoding());
         let mut entries = self.lock();
-        let e = entries.get_mut(&key).filter(|e| Arc::ptr_eq(&e.contents, contents) && e.shows(resource))?;
+        let e = entries.map.get_mut(&key).filter(|e| Arc::ptr_eq(&e.contents, contents) && e.shows(resource))?;
         e.used = USE_CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(e.chunked.clone())
     }
@@ -822,21 +902,35 @@ impl ChunkIndex {
     }
 
     /// Keeps `chunked` as the chunks of this resource's contents (cut here,
-    /// or by another replica and checked against the same head).
+    /// or by another replica and checked against the same head), then
+    /// brings the index back under its bounds. Chunks larger than the byte
+    /// bound are not kept.
     pub(crate) fn insert(&self, tok: &Tokenizer, resource: &Resource, contents: &Arc<Contents>, chunked: Arc<Chunked>) {
         let now = USE_CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut entries = self.lock();
-        if entries.len() >= INDEX_LIMIT {
-            // Keep the most recently used half: the resources of the
-            // current requests, not versions replaced long ago.
-            let mut ages: Vec<u64> = entries.values().map(|e| e.used).collect();
-            ages.sort_unstable();
-            let cut = ages[ages.len() / 2];
-            entries.retain(|_, e| e.used > cut);
-        }
         let meta = (resource.name.clone(), resource.title.clone(), resource.mime_type.clone());
+        let bytes = entry_bytes(contents, &meta, &chunked);
         let key = (Arc::as_ptr(contents) as usize, tok.encoding());
-        entries.insert(key, Entry { contents: contents.clone(), meta, chunked, used: now });
+        let mut guard = self.lock();
+        let entries = &mut *guard;
+        if let Some(old) = entries.map.remove(&key) {
+            entries.bytes -= old.bytes;
+        }
+        if bytes > entries.max {
+            return;
+        }
+        entries.bytes += bytes;
+        entries.map.insert(key, Entry { contents: contents.clone(), meta, chunked, bytes, used: now });
+        // Past the count, the least recently used half goes (the resources
+        // of the current requests stay, not versions replaced long ago);
+        // past the bytes, the least recently used down to 7/8 of the bound.
+        if entries.map.len() > INDEX_LIMIT {
+            let half = entries.map.len() / 2;
+            entries.drop_oldest(half, |_| 1);
+        }
+        if entries.bytes > entries.max {
+            let excess = entries.bytes - crate::lru::low_water(entries.max);
+            entries.drop_oldest(excess, |e| e.bytes);
+        }
     }
 
     /// Cuts one resource (CPU-bound): the body is encoded once, and both
@@ -1454,5 +1548,112 @@ mod query_cap {
         assert_eq!(Some(q.clone()), Query::from_chat_json(&body));
         assert_eq!(lens(&q), [(MAX_QUERY_BYTES, 1.0)]);
         assert!(q.turns[0].0.ends_with("\ntail"));
+    }
+}
+
+#[cfg(test)]
+mod bound {
+    use super::*;
+    use crate::id::ResourceId;
+
+    fn tok() -> Tokenizer {
+        Tokenizer::for_model("gpt-4o").0
+    }
+
+    /// A resource of `kb://{uri}` with `bytes` of varied text: a private
+    /// answer read for one user is a new `Arc`, as here.
+    fn res(uri: &str, bytes: usize) -> (Resource, Arc<Contents>) {
+        let r = Resource::unlisted(ResourceId::new("kb", format!("kb://{uri}")).unwrap());
+        let mut text = String::new();
+        let mut i = 0;
+        while text.len() < bytes {
+            text.push_str(&format!("Item {i} of {uri} says the word w{} matters. ", i % 97));
+            i += 1;
+        }
+        let c = Contents { parts: vec![ContentPart::Text { text, mime_type: None }], ..Default::default() };
+        (r, Arc::new(c))
+    }
+
+    fn one_entry(bytes: usize) -> usize {
+        let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP);
+        let (r, c) = res("probe", bytes);
+        index.prepare(&tok(), &r, &c);
+        index.bytes()
+    }
+
+    #[test]
+    fn an_entry_counts_its_contents_block_offsets_and_chunks() {
+        let one = one_entry(32 * 1024);
+        eprintln!("one entry of 32 KiB of text: {one} bytes");
+        // The text twice (contents and the rendered block), 4 bytes per
+        // token, the chunks' terms: several times the text.
+        assert!(one > 3 * 32 * 1024, "{one}");
+        assert!(one < 12 * 32 * 1024, "{one}");
+        assert!(one_entry(64 * 1024) > one * 3 / 2);
+    }
+
+    #[test]
+    fn the_index_stays_under_its_bytes_least_recently_used_first() {
+        let t = tok();
+        let one = one_entry(8 * 1024);
+        let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP).with_max_bytes(one * 10 + one / 2);
+        let v: Vec<_> = (0..10).map(|i| res(&format!("u{i}"), 8 * 1024)).collect();
+        for (r, c) in &v {
+            index.prepare(&t, r, c);
+        }
+        // Same length, same words apart from the digits: about the same size.
+        assert_eq!(index.len(), 10);
+        assert!(index.bytes() <= one * 10 + one / 2, "{} {one}", index.bytes());
+        // The first is used again: the most recent now.
+        assert!(index.peek(&t, &v[0].0, &v[0].1).is_some());
+        let (r, c) = res("u10", 8 * 1024);
+        index.prepare(&t, &r, &c);
+        assert!(index.bytes() <= crate::lru::low_water(one * 10 + one / 2), "{}", index.bytes());
+        assert!(index.peek(&t, &r, &c).is_some(), "the newest: kept");
+        assert!(index.peek(&t, &v[0].0, &v[0].1).is_some(), "used lately: kept");
+        assert!(index.peek(&t, &v[1].0, &v[1].1).is_none(), "the oldest: gone");
+        // Many new versions (a private answer per user): never over the bound.
+        let bound = one * 10 + one / 2;
+        let mut kept = Vec::new();
+        for i in 0..60 {
+            let (r, c) = res(&format!("v{i}"), 2 * 1024 + i * 300);
+            index.prepare(&t, &r, &c);
+            assert!(index.bytes() <= bound, "{} > {bound}", index.bytes());
+            kept.push(c);
+        }
+        // The count is the sum of what is kept, and dropped contents are
+        // released (only `kept` holds them now).
+        let e = index.lock();
+        assert_eq!(e.bytes, e.map.values().map(|e| e.bytes).sum::<usize>());
+        drop(e);
+        assert!(Arc::strong_count(&v[1].1) == 1);
+    }
+
+    #[test]
+    fn contents_larger_than_the_bound_are_chunked_but_not_kept() {
+        let t = tok();
+        let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP).with_max_bytes(one_entry(4096) * 2);
+        let (small, sc) = res("small", 4096);
+        index.prepare(&t, &small, &sc);
+        let (big, bc) = res("big", 64 * 1024);
+        let chunked = index.get(&t, &big, &bc);
+        assert!(chunked.chunks.len() > 1);
+        assert_eq!(index.len(), 1, "the big one is not kept; the small one stays");
+        assert!(index.peek(&t, &big, &bc).is_none());
+        assert_eq!(Arc::strong_count(&bc), 1);
+        let off = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP).with_max_bytes(0);
+        assert!(!off.get(&t, &small, &sc).chunks.is_empty());
+        assert!(off.is_empty() && off.bytes() == 0);
+    }
+
+    #[test]
+    fn re_inserting_the_same_contents_replaces_its_count() {
+        let t = tok();
+        let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP);
+        let (r, c) = res("a", 4096);
+        let chunked = index.get(&t, &r, &c);
+        let once = index.bytes();
+        index.insert(&t, &r, &c, chunked);
+        assert_eq!((index.len(), index.bytes()), (1, once));
     }
 }

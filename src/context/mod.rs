@@ -206,7 +206,10 @@ impl McpContext {
             compositions: Arc::default(),
             selections: SelectionMemo::default(),
             warm: WarmMemo::new(config.context.warm_memo_max_bytes),
-            chunks: Arc::new(ChunkIndex::new(config.context.chunk_tokens, config.context.chunk_overlap)),
+            chunks: Arc::new(
+                ChunkIndex::new(config.context.chunk_tokens, config.context.chunk_overlap)
+                    .with_max_bytes(config.context.chunk_index_max_bytes),
+            ),
             tokenizers: std::sync::Mutex::default(),
         }
     }

@@ -2,8 +2,9 @@
 //! `mcp-context serve` binary, its resident set read from `/proc`, waves of
 //! distinct callers with `cacheScope: private` answers, and multi-megabyte
 //! user texts. What is bounded: the private cache entries
-//! (`cache.private_max_bytes`), the warm memo (`context.warm_memo_max_bytes`)
-//! and the query text the ranker reads (`MAX_QUERY_BYTES`).
+//! (`cache.private_max_bytes`), the warm memo (`context.warm_memo_max_bytes`),
+//! relevance mode's chunk index (`context.chunk_index_max_bytes`) and the
+//! query text the ranker reads (`MAX_QUERY_BYTES`).
 
 use std::time::{Duration, Instant};
 
@@ -120,6 +121,39 @@ async fn private_answers_for_waves_of_new_users_stay_within_the_byte_bound() {
     let growth = rss[4] - rss[2];
     assert!(growth < 6.0, "RSS grew {growth:.1} MiB between waves 2 and 4: {rss:.1?}");
     assert!(rss[4] < rss[0] + 48.0, "{rss:.1?}");
+    assert!(proxy.stderr().lines().all(|l| !l.contains("ERROR")), "{}", proxy.stderr());
+}
+
+#[tokio::test]
+async fn private_answers_chunked_in_relevance_mode_stay_within_the_chunk_index_bound() {
+    let (upstream, _stop) = forgetful_upstream().await;
+    let t = tag();
+    // Relevance mode with a question: each new user's private answers are
+    // new contents, chunked and indexed. The index keeps each entry's
+    // contents alive plus its rendered block, token offsets and terms
+    // (four to six times the text): without a byte bound, 8192 entries of
+    // these two 16 KiB documents are some 700 MiB, after the private cache
+    // let go of them.
+    let body = format!(
+        "servers:\n{}context:\n  max_tokens: 1000\n  select: relevance\n  warm_memo_max_bytes: 4000000\n  chunk_index_max_bytes: 8000000\ncache:\n  private_max_bytes: 4000000\n{}",
+        fixture_server("fx", &t, &["--private", "--n", "2", "--size", "16384"]),
+        serve_yaml()
+    );
+    let proxy = Proxy::start_config(&body, &upstream, t).await;
+    let pid = proxy.child.id().unwrap();
+    let mut rss = vec![rss_mib(pid)];
+    let started = Instant::now();
+    for wave in 0..4 {
+        let requests =
+            (0..300).map(|i| (format!("r{wave}-user{i}"), format!("what does resource {} say?", i % 2))).collect();
+        send_all(&proxy, requests, 4, None).await;
+        rss.push(rss_mib(pid));
+    }
+    eprintln!("relevance waves: RSS MiB at start and after each wave {rss:.1?}, {:.1?}", started.elapsed());
+    // Unbounded, each wave of 300 users added about 45 MiB of entries;
+    // bounded, the later waves add nothing but allocator noise.
+    let growth = rss[4] - rss[2];
+    assert!(growth < 8.0, "RSS grew {growth:.1} MiB between waves 2 and 4: {rss:.1?}");
     assert!(proxy.stderr().lines().all(|l| !l.contains("ERROR")), "{}", proxy.stderr());
 }
 
