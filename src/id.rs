@@ -27,10 +27,9 @@ pub fn user_name_problem(name: &str) -> Option<String> {
         Some("a user name cannot be empty".into())
     } else if name.len() > MAX_USER_NAME_BYTES {
         Some(format!("a user name is at most {MAX_USER_NAME_BYTES} bytes (this one has {})", name.len()))
-    } else if let Some(c) = name.chars().find(|c| c.is_control()) {
-        Some(format!("a user name cannot hold control characters (found U+{:04X})", c as u32))
     } else {
-        None
+        let control = name.chars().find(|c| c.is_control());
+        control.map(|c| format!("a user name cannot hold control characters (found U+{:04X})", c as u32))
     }
 }
 

@@ -102,10 +102,10 @@ fn first_id(seen: &[u8]) -> Option<String> {
     while let Some(end) = rest.iter().position(|b| *b == b'\n') {
         let line = &rest[..end];
         rest = &rest[end + 1..];
-        if let Some(data) = line.strip_prefix(b"data:") {
-            if let Some(id) = id_of(data.trim_ascii()) {
-                return Some(id);
-            }
+        if let Some(data) = line.strip_prefix(b"data:")
+            && let Some(id) = id_of(data.trim_ascii())
+        {
+            return Some(id);
         }
     }
     None
