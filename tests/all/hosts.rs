@@ -268,8 +268,9 @@ fn an_id_without_its_server_and_an_unpassed_variable_are_explained() {
 
 // ---- item 5: signals and parents ----
 
-/// Starts `mcp-context list` on a server that ignores stdin EOF and SIGTERM
-/// and returns once the listing is printed (the command is then closing it).
+/// `list` on a server that ignores stdin EOF and SIGTERM: once the listing
+/// is printed the command spends seconds closing it, and SIGTERM then still
+/// gives 143.
 #[test]
 fn sigterm_during_shutdown_exits_143() {
     let dir = tempfile::tempdir().unwrap();
