@@ -2,15 +2,21 @@
 //!
 //! Parsed strictly (unknown keys are errors) from the located YAML tree
 //! (`crate::yaml`, shared with the policy) so that every error carries the
-//! line and column of the value at fault. JSON configs written for Claude
-//! Desktop, Cursor or Gemini CLI (`mcpServers`, `httpUrl`, `type`, `timeout`)
-//! load unchanged, because JSON is YAML.
+//! line and column of the value at fault.
 //!
-//! `${VAR}` is expanded from the environment in `command`, `args`, `env`,
-//! `cwd`, `url` and `headers`. An unset variable is an error naming the
-//! variable and the line, never its value. `${MCP_CONTEXT_EXE}` defaults to
-//! the running executable, which is how the bundled demo server is launched
-//! (`mcp-context demo-server`) without any install.
+//! A `.json` file is another host's config (Claude Desktop and Code, Cursor,
+//! VS Code, Gemini CLI, Cline, Windsurf), read as it is: JSONC
+//! (`crate::jsonc`), only the server map and our own sections taken, and
+//! keys that belong to the host's own features (tool approval, trust, UI)
+//! dropped before the same strict checks ([`host_view`]).
+//!
+//! `${VAR}` and `${VAR:-default}` are expanded from the environment in
+//! `command`, `args`, `env`, `envFile`, `cwd`, `url` and `headers`. An unset
+//! variable is an error naming the variable and the line, never its value.
+//! `${MCP_CONTEXT_EXE}` defaults to the running executable, which is how the
+//! bundled demo server is launched (`mcp-context demo-server`) without any
+//! install. A stdio server runs in the config file's folder unless `cwd`
+//! says otherwise, so relative `args` mean the same from anywhere.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -446,7 +452,7 @@ fn parse_digest(hex: &str) -> Option<[u8; 32]> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawServer {
-    #[serde(default, rename = "type")]
+    #[serde(default, rename = "type", alias = "transportType")]
     kind: Option<String>,
     command: Option<String>,
     #[serde(default)]
@@ -455,8 +461,10 @@ struct RawServer {
     env: BTreeMap<String, String>,
     #[serde(default)]
     inherit_env: Vec<String>,
+    #[serde(rename = "envFile")]
+    env_file: Option<String>,
     cwd: Option<String>,
-    #[serde(alias = "httpUrl")]
+    #[serde(alias = "httpUrl", alias = "serverUrl")]
     url: Option<String>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
@@ -470,6 +478,133 @@ struct RawServer {
     #[serde(default)]
     serve_stale: bool,
     protocol: Option<String>,
+}
+
+/// The keys of [`RawServer`], aliases included: what a host's server entry
+/// keeps (see [`host_view`]).
+const SERVER_KEYS: &[&str] = &[
+    "type",
+    "transportType",
+    "command",
+    "args",
+    "env",
+    "inherit_env",
+    "envFile",
+    "cwd",
+    "url",
+    "httpUrl",
+    "serverUrl",
+    "headers",
+    "timeout_ms",
+    "timeout",
+    "disabled",
+    "max_concurrent_reads",
+    "cache",
+    "cache_ttl_ms",
+    "serve_stale",
+    "protocol",
+];
+
+/// Per-server keys of other hosts' own features, dropped without a word
+/// from a `.json` config (README, "Configs from other hosts"). Any other
+/// unknown key is dropped too, with a warning (it may be a typo).
+pub const FOREIGN_SERVER_KEYS: &[&str] = &[
+    // Gemini CLI
+    "trust",
+    "includeTools",
+    "excludeTools",
+    "description",
+    "oauth",
+    "authProviderType",
+    "targetAudience",
+    "targetServiceAccount",
+    "extensionName",
+    // Cline, Roo Code, Windsurf
+    "autoApprove",
+    "alwaysAllow",
+    "disabledTools",
+    "networkTimeout",
+    "watchPaths",
+    // Claude Code, VS Code, Cursor
+    "dev",
+    "gallery",
+    "version",
+    "auth",
+    "name",
+    "enabled",
+];
+
+/// The top-level sections of our own that a `.json` config may also hold.
+const OWN_SECTIONS: &[&str] = &["servers", "mcpServers", "policy", "context", "serve", "cache"];
+
+/// The keys of [`ContextSettings`]: a `context` holding any other key is
+/// Gemini CLI's (`fileName`, `includeDirectories`…), not ours.
+const CONTEXT_KEYS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "role",
+    "preamble",
+    "max_resource_bytes",
+    "tool_result_max_tokens",
+    "deadline_ms",
+    "select",
+    "chunk_tokens",
+    "chunk_overlap",
+];
+
+/// Whether `path` is another host's config (`.json`, `.jsonc`), read as it is.
+fn is_host_file(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("json") || e.eq_ignore_ascii_case("jsonc"))
+}
+
+/// Another host's config as we read it: of the top level only our sections
+/// (`mcpServers` / `servers`, and `policy`, `context`, `serve`, `cache` when
+/// they are ours), and of each server only the keys we know. What is
+/// dropped belongs to the host (Gemini's `theme`, VS Code's `inputs`, Cline's
+/// `autoApprove`); an unknown server key not in [`FOREIGN_SERVER_KEYS`] is
+/// logged as a warning with its place, since it may be a misspelt one of ours.
+fn host_view<'a>(root: Node<'a>, path: &Path) -> Node<'a> {
+    let keep = |entries: Vec<(Node<'a>, Node<'a>)>, f: &dyn Fn(&Node<'a>, &Node<'a>) -> bool| {
+        entries.into_iter().filter(|(k, v)| f(k, v)).collect::<Vec<_>>()
+    };
+    let yaml::Kind::Map(top) = root.kind else { return root };
+    let top = keep(top, &|k, v| match k.as_str() {
+        Some("context") => v.entries().all(|(k, _)| k.as_str().is_some_and(|k| CONTEXT_KEYS.contains(&k))),
+        Some(k) => OWN_SECTIONS.contains(&k),
+        None => false,
+    });
+    let top = top
+        .into_iter()
+        .map(|(k, mut v)| {
+            if matches!(k.as_str(), Some("servers" | "mcpServers"))
+                && let yaml::Kind::Map(servers) = &mut v.kind
+            {
+                for (name, server) in servers.iter_mut() {
+                    let yaml::Kind::Map(entries) = &mut server.kind else { continue };
+                    *entries = keep(std::mem::take(entries), &|key, _| {
+                        let key_text = key.as_str().unwrap_or("");
+                        if SERVER_KEYS.contains(&key_text) {
+                            return true;
+                        }
+                        if !FOREIGN_SERVER_KEYS.contains(&key_text) {
+                            tracing::warn!(
+                                "{}:{}:{}: server `{}`: `{key_text}` is not a key mcp-context knows; ignored",
+                                path.display(),
+                                key.pos.line,
+                                key.pos.column,
+                                name.as_str().unwrap_or("")
+                            );
+                        }
+                        false
+                    });
+                }
+            }
+            (k, v)
+        })
+        .collect();
+    Node { kind: yaml::Kind::Map(top), ..root }
 }
 
 impl Named for RawServer {
@@ -728,6 +863,9 @@ pub struct ServerConfig {
     pub protocol: Protocol,
     /// Values expanded from `${VAR}` for this server; never shown.
     pub(crate) secrets: Secrets,
+    /// Why this server cannot be started though its entry is valid (a
+    /// transport this build lacks): its connection fails with this, alone.
+    pub(crate) unsupported: Option<String>,
 }
 
 /// Secret values, hidden from `Debug`.
@@ -809,24 +947,40 @@ impl Config {
             message,
         };
         let at = |pos: Option<Pos>| (pos.map(|p| p.line), pos.map(|p| p.column));
-        let root = yaml::parse(src)
+        let host = is_host_file(path);
+        let parsed = if host { crate::jsonc::parse(src) } else { yaml::parse(src) };
+        let root = parsed
             .map_err(|p| {
                 let (l, c) = at(p.pos);
                 err(l, c, p.message)
             })?
             .unwrap_or_else(Node::empty_map);
+        let root = if host { host_view(root, path) } else { root };
         let raw: RawConfig = yaml::from_node_strict(&root).map_err(|p| {
             let (l, c) = at(p.pos);
             err(l, c, p.message)
         })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+        // What a stdio server's relative command and default working directory
+        // are resolved against: absolute, since the child starts in it.
+        let abs_base = std::path::absolute(&base).unwrap_or_else(|_| base.clone());
+        // VS Code's `${workspaceFolder}`: the folder holding `.vscode/`.
+        let workspace = match abs_base.file_name() {
+            Some(n) if n == ".vscode" => abs_base.parent().unwrap_or(&abs_base).to_path_buf(),
+            _ => abs_base.clone(),
+        };
         let servers_node = root.get("servers").or_else(|| root.get("mcpServers"));
         let context_pos = |key: &str| at(root.at(&["context", key]).map(|n| n.pos));
         // Every value that came from the environment: errors and logs about
         // a server are scrubbed of them (see `ServerConfig::scrub`).
         let secrets = std::cell::RefCell::new(Vec::<String>::new());
         let recording_env = |k: &str| {
+            match k {
+                "workspaceFolder" => return Some(workspace.to_string_lossy().into_owned()),
+                "userHome" => return env("HOME"),
+                _ => {}
+            }
             let v = env(k);
             if let Some(v) = &v
                 && v.len() >= 4
@@ -837,17 +991,10 @@ impl Config {
             v
         };
         let expand = |s: &str, server: &str| -> Result<String> {
-            expand_vars(s, &recording_env).map_err(|var| {
+            expand_vars(s, &recording_env).map_err(|token| {
                 let node = servers_node.and_then(|n| n.get(server)).unwrap_or(&root);
-                let (line, column) = at(Some(yaml::pos_within(src, node, &format!("${{{var}}}"))));
-                err(
-                    line,
-                    column,
-                    format!(
-                        "server `{server}`: environment variable `{var}` is not set; \
-                         set it or remove `${{{var}}}` from the config"
-                    ),
-                )
+                let (line, column) = at(Some(yaml::pos_within(src, node, &format!("${{{token}}}"))));
+                err(line, column, format!("server `{server}`: {}", unexpanded(&token)))
             })
         };
 
@@ -884,7 +1031,7 @@ impl Config {
                     }
                     let command = expand(cmd, &name)?;
                     let command = if command.contains('/') && Path::new(&command).is_relative() {
-                        base.join(&command).to_string_lossy().into_owned()
+                        abs_base.join(&command).to_string_lossy().into_owned()
                     } else {
                         command
                     };
@@ -892,19 +1039,40 @@ impl Config {
                     for (k, v) in &s.env {
                         env_out.insert(k.clone(), expand(v, &name)?);
                     }
+                    if let Some(file) = &s.env_file {
+                        let file = abs_base.join(expand(file, &name)?);
+                        let value = server_node.and_then(|n| n.get("envFile"));
+                        let (line, column) = value.map_or((at, at_col), |v| (Some(v.pos.line), Some(v.pos.column)));
+                        let vars = dotenvy::from_path_iter(&file)
+                            .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>());
+                        let vars = vars.map_err(|e| {
+                            err(line, column, format!("server `{name}`: cannot read envFile `{}`: {e}", file.display()))
+                        })?;
+                        for (k, v) in vars {
+                            if v.len() >= 4 {
+                                secrets.borrow_mut().push(v.clone());
+                            }
+                            // `env` wins over the file, as in VS Code.
+                            env_out.entry(k).or_insert(v);
+                        }
+                    }
+                    let cwd = match s.cwd.as_deref() {
+                        Some(c) => abs_base.join(expand(c, &name)?),
+                        None => abs_base.clone(),
+                    };
                     Transport::Stdio {
                         command,
                         command_display: cmd.clone(),
                         args: s.args.iter().map(|a| expand(a, &name)).collect::<Result<_>>()?,
                         env: env_out,
                         inherit_env: s.inherit_env.clone(),
-                        cwd: s.cwd.as_deref().map(|c| expand(c, &name).map(|c| base.join(c))).transpose()?,
+                        cwd: Some(cwd),
                     }
                 }
                 (None, Some(url)) => {
-                    if let Some(k) =
-                        s.kind.as_deref().filter(|k| !matches!(*k, "http" | "streamable-http" | "streamableHttp"))
-                    {
+                    if let Some(k) = s.kind.as_deref().filter(|k| {
+                        !matches!(*k, "http" | "streamable-http" | "streamableHttp" | "streamable_http" | "sse")
+                    }) {
                         return Err(err(
                             at,
                             at_col,
@@ -913,11 +1081,13 @@ impl Config {
                             ),
                         ));
                     }
-                    if !s.args.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
+                    if !s.args.is_empty() || !s.env.is_empty() || s.cwd.is_some() || s.env_file.is_some() {
                         return Err(err(
                             at,
                             at_col,
-                            format!("server `{name}`: `args`, `env` and `cwd` only apply to `command` servers"),
+                            format!(
+                                "server `{name}`: `args`, `env`, `envFile` and `cwd` only apply to `command` servers"
+                            ),
                         ));
                     }
                     let url = expand(url, &name)?;
@@ -944,7 +1114,12 @@ impl Config {
                     Transport::Http { url, headers }
                 }
             };
-            let timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+            let mut timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+            // Cline writes `timeout` in seconds (60 by default), Gemini CLI in
+            // milliseconds (600000): under 1000 it can only be seconds.
+            if host && timeout_ms < 1000 && server_node.is_some_and(|n| n.get("timeout").is_some()) {
+                timeout_ms *= 1000;
+            }
             if timeout_ms == 0 {
                 return Err(err(at, at_col, format!("server `{name}`: timeout_ms must be at least 1")));
             }
@@ -980,6 +1155,11 @@ impl Config {
                 cache_ttl: Duration::from_millis(s.cache_ttl_ms.unwrap_or(DEFAULT_CACHE_TTL_MS)),
                 serve_stale: s.serve_stale,
                 protocol,
+                unsupported: (s.kind.as_deref() == Some("sse")).then(|| {
+                    "the legacy SSE transport (`type: sse`) is not supported yet; use Streamable HTTP \
+                     (`type: http`, the server's `/mcp` endpoint)"
+                        .to_owned()
+                }),
             });
         }
         let context = raw.context.unwrap_or_default();
@@ -1029,9 +1209,7 @@ fn cache_settings(
     let d = CacheSettings::default();
     let url = match raw.url.as_deref() {
         None => d.url.clone(),
-        Some(u) => expand_vars(u, env).map_err(|var| {
-            err("url", format!("cache.url: environment variable `{var}` is not set; set it or remove `${{{var}}}`"))
-        })?,
+        Some(u) => expand_vars(u, env).map_err(|token| err("url", format!("cache.url: {}", unexpanded(&token))))?,
     };
     if !["redis://", "rediss://", "redis+unix://", "unix://"].iter().any(|s| url.starts_with(s)) {
         return Err(err(
@@ -1105,14 +1283,7 @@ fn serve_settings(
     };
     let err = |key: &str, message: String| err_at(node.get(key).map_or(node.pos, |n| n.pos), message);
     let expand = |key: &str, v: &str| {
-        expand_vars(v, env).map_err(|var| {
-            err(
-                key,
-                format!(
-                    "serve.{key}: environment variable `{var}` is not set; set it or remove `${{{var}}}` from the config"
-                ),
-            )
-        })
+        expand_vars(v, env).map_err(|token| err(key, format!("serve.{key}: {}", unexpanded(&token))))
     };
     let d = ServeSettings::default();
     let upstream_api_key = raw.upstream_api_key.as_deref().map(|k| expand("upstream_api_key", k)).transpose()?;
@@ -1303,7 +1474,10 @@ fn serve_settings(
     })
 }
 
-/// Expands `${VAR}`; `$${` is a literal `${`. Returns the name of the first unset variable.
+/// Expands `${VAR}`, `${VAR:-default}` (the default when VAR is unset or
+/// empty, as Claude Code and the shell do) and `${env:VAR}` (VS Code,
+/// Cursor); `$${` is a literal `${`. Returns the text between the braces of
+/// the first that cannot be expanded (see [`unexpanded`]).
 fn expand_vars(s: &str, env: &dyn Fn(&str) -> Option<String>) -> std::result::Result<String, String> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
@@ -1320,16 +1494,35 @@ fn expand_vars(s: &str, env: &dyn Fn(&str) -> Option<String>) -> std::result::Re
             out.push_str(&rest[i..]);
             return Ok(out);
         };
-        let var = &after[..end];
-        let value = env(var).or_else(|| builtin_var(var));
-        match value {
-            Some(v) => out.push_str(&v),
-            None => return Err(var.to_owned()),
+        let token = &after[..end];
+        let inner = token.strip_prefix("env:").unwrap_or(token);
+        let (var, default) = match inner.split_once(":-") {
+            Some((var, default)) => (var, Some(default)),
+            None => (inner, None),
+        };
+        let value = if token.starts_with("input:") { None } else { env(var).or_else(|| builtin_var(var)) };
+        match (value, default) {
+            (Some(v), Some(d)) if v.is_empty() => out.push_str(d),
+            (Some(v), _) => out.push_str(&v),
+            (None, Some(d)) => out.push_str(d),
+            (None, None) => return Err(token.to_owned()),
         }
         rest = &after[end + 1..];
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// Why `${token}` could not be expanded, and what to do.
+fn unexpanded(token: &str) -> String {
+    if let Some(id) = token.strip_prefix("input:") {
+        return format!(
+            "`${{input:{id}}}` asks VS Code to prompt for a value, and mcp-context cannot prompt; \
+             put the value in an environment variable and write `${{VAR}}` instead"
+        );
+    }
+    let var = token.strip_prefix("env:").unwrap_or(token);
+    format!("environment variable `{var}` is not set; set it or remove `${{{token}}}` from the config")
 }
 
 fn builtin_var(var: &str) -> Option<String> {
@@ -1507,6 +1700,119 @@ mod tests {
         assert_eq!(expand_vars("$${TOKEN}", &env).unwrap(), "${TOKEN}");
         assert_eq!(expand_vars("${X}", &env).unwrap_err(), "X");
         assert!(expand_vars("${MCP_CONTEXT_EXE}", &env).is_ok());
+    }
+
+    fn load_json(src: &str, path: &str) -> Result<Config> {
+        Config::from_yaml_with_env(src, Path::new(path), &env)
+    }
+
+    fn stdio(c: &Config, i: usize) -> (&str, &[String], &BTreeMap<String, String>, Option<&Path>) {
+        match &c.servers[i].transport {
+            Transport::Stdio { command, args, env, cwd, .. } => (command, args, env, cwd.as_deref()),
+            t => panic!("{t:?}"),
+        }
+    }
+
+    #[test]
+    fn host_files_keep_servers_and_drop_host_keys() {
+        // Gemini CLI: other settings, per-server trust and tool lists, its own `context`.
+        let c = load_json(
+            r#"{"theme": "GitHub", "context": {"fileName": "GEMINI.md"}, "mcpServers": {"g": {"command": "x", "trust": true, "includeTools": ["a"], "excludeTools": [], "timeout": 30000, "cwd": "sub", "description": "d"}}}"#,
+            "/home/u/.gemini/settings.json",
+        )
+        .unwrap();
+        assert_eq!(c.servers[0].timeout, Duration::from_millis(30_000));
+        assert_eq!(stdio(&c, 0).3, Some(Path::new("/home/u/.gemini/sub")));
+        assert_eq!(c.context.model, "gpt-4o", "Gemini's context is not ours");
+        // Cline: approvals, `disabled`, `timeout` in seconds; Windsurf: `serverUrl`.
+        let c = load_json(
+            r#"{"mcpServers": {"c": {"command": "x", "autoApprove": [], "alwaysAllow": ["r"], "timeout": 60}, "off": {"command": "y", "disabled": true}, "w": {"serverUrl": "https://h/mcp", "headers": {"A": "${TOKEN}"}}}}"#,
+            "/x/cline_mcp_settings.json",
+        )
+        .unwrap();
+        assert_eq!(c.servers.len(), 2);
+        assert_eq!(c.servers[0].timeout, Duration::from_secs(60));
+        assert!(
+            matches!(&c.servers[1].transport, Transport::Http { url, headers } if url == "https://h/mcp" && headers["A"] == "s3cr3t")
+        );
+        // Our own sections in a JSON file are still ours, and strict.
+        let e = load_json(r#"{"mcpServers": {}, "context": {"max_tokens": 0}}"#, "/x/m.json").unwrap_err();
+        assert!(e.to_string().contains("context.max_tokens"), "{e}");
+    }
+
+    #[test]
+    fn vscode_file_with_comments_workspace_folder_and_inputs() {
+        let src = "{\n  // VS Code\n  \"inputs\": [{\"id\": \"k\", \"type\": \"promptString\"},],\n  \"servers\": {\n    \"v\": {\"type\": \"stdio\", \"command\": \"node\", \"args\": [\"${workspaceFolder}/srv.js\", \"${env:TOKEN}\"],},\n    \"s\": {\"type\": \"sse\", \"url\": \"http://h/sse\"},\n  },\n}\n";
+        let c = load_json(src, "/p/.vscode/mcp.json").unwrap();
+        let (_, args, _, cwd) = stdio(&c, 0);
+        assert_eq!(args, ["/p/srv.js", "s3cr3t"]);
+        assert_eq!(cwd, Some(Path::new("/p/.vscode")));
+        assert!(c.servers[0].unsupported.is_none());
+        assert!(c.servers[1].unsupported.as_deref().unwrap().contains("legacy SSE transport"));
+        let e = load_json(&src.replace("${env:TOKEN}", "${input:k}"), "/p/.vscode/mcp.json").unwrap_err().to_string();
+        assert!(
+            e.starts_with("/p/.vscode/mcp.json:5:") && e.contains("`${input:k}`") && e.contains("cannot prompt"),
+            "{e}"
+        );
+        let e = load_json("{\n  \"servers\": {\n    \"v\": {\"command\": 'x'}\n  }\n}\n", "/p/mcp.json").unwrap_err();
+        assert!(e.to_string().starts_with("/p/mcp.json:3:"), "{e}");
+    }
+
+    #[test]
+    fn env_file_loads_and_env_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(".env"), "A=from-file\nB=file-secret\n").unwrap();
+        let cfg = dir.path().join("mcp.json");
+        let c = Config::from_yaml_with_env(
+            r#"{"servers": {"v": {"command": "x", "envFile": ".env", "env": {"A": "mine"}}}}"#,
+            &cfg,
+            &env,
+        )
+        .unwrap();
+        let (_, _, e, _) = stdio(&c, 0);
+        assert_eq!((e["A"].as_str(), e["B"].as_str()), ("mine", "file-secret"));
+        assert_eq!(c.servers[0].scrub("file-secret"), "***");
+        let e = Config::from_yaml_with_env(r#"{"servers": {"v": {"command": "x", "envFile": "no.env"}}}"#, &cfg, &env)
+            .unwrap_err();
+        assert!(e.to_string().contains("mcp.json:1:47: server `v`: cannot read envFile"), "{e}");
+    }
+
+    #[test]
+    fn stdio_servers_run_in_the_config_folder_by_default() {
+        let c = load("servers:\n  a:\n    command: x\n").unwrap();
+        assert_eq!(stdio(&c, 0).3, Some(Path::new("/etc/mc")));
+        let c = Config::from_yaml("servers:\n  a:\n    command: ./x\n", Path::new("rel/c.yaml")).unwrap();
+        let (command, _, _, cwd) = stdio(&c, 0);
+        assert!(Path::new(command).is_absolute() && cwd.unwrap().is_absolute() && cwd.unwrap().ends_with("rel"));
+    }
+
+    #[test]
+    fn every_server_key_is_a_field() {
+        for key in SERVER_KEYS {
+            let value = match *key {
+                "args" | "inherit_env" => "[]",
+                "env" | "headers" => "{}",
+                "disabled" | "serve_stale" | "cache" => "false",
+                "timeout_ms" | "timeout" | "max_concurrent_reads" | "cache_ttl_ms" => "100",
+                "type" | "transportType" => "stdio",
+                _ => "x",
+            };
+            let e = load(&format!("servers:\n  a:\n    {key}: {value}\n")).err().map(|e| e.to_string());
+            assert!(!e.as_deref().unwrap_or("").contains("unknown field"), "{key}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn defaults_expand_when_unset_or_empty() {
+        let env = |k: &str| match k {
+            "SET" => Some("v".to_owned()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        };
+        assert_eq!(expand_vars("${SET:-d}/${NOPE:-d2}/${EMPTY:-d3}", &env).unwrap(), "v/d2/d3");
+        assert_eq!(expand_vars("${env:SET}", &env).unwrap(), "v");
+        assert_eq!(expand_vars("${input:k}", &env).unwrap_err(), "input:k");
+        assert!(unexpanded("env:NOPE").contains("`NOPE` is not set"));
     }
 
     #[test]

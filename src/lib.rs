@@ -50,6 +50,7 @@ mod http;
 mod hub;
 mod id;
 mod inject;
+mod jsonc;
 mod large;
 mod lru;
 mod pipe;

@@ -137,12 +137,23 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // `serve` stops on SIGTERM / Ctrl-C by draining, a normal end (exit 0),
+    // and reloads on SIGHUP; every other command is interrupted by a signal.
+    #[cfg(feature = "serve")]
+    let interrupted_by_signal = !matches!(cli.command, Command::Serve { .. });
+    #[cfg(not(feature = "serve"))]
+    let interrupted_by_signal = true;
     let result = rt.block_on(async {
         if let Err(e) = listen_for_signals() {
             eprintln!("warning: cannot listen for signals: {e}");
         }
         run(cli).await
     });
+    // A signal that came while the command was finishing or closing its
+    // servers still decides the exit code: 128 + N whatever the outcome.
+    if let Some(code) = SIGNALLED.get().and_then(|rx| *rx.borrow()).filter(|_| interrupted_by_signal) {
+        return ExitCode::from(code);
+    }
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -186,7 +197,10 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::DemoServer = cli.command {
-        mcp_context::demo::serve_stdio().await?;
+        tokio::select! {
+            r = mcp_context::demo::serve_stdio() => r?,
+            code = signalled() => return Ok(code),
+        }
         return Ok(ExitCode::SUCCESS);
     }
     if let Command::Policy { command: PolicyCommand::Check { path: Some(p) } } = &cli.command {
@@ -214,7 +228,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Read { id } => {
             let id = ResourceId::parse(&id)?;
-            let config = only_server(config, Some(&id.server))?;
+            let config = server_of(config, &id)?;
             with_hub(&config, |hub| async move {
                 let listing_mime = hub.resource(&id).and_then(|r| r.mime_type);
                 let contents = hub.read(&id).await?;
@@ -232,7 +246,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             if let Some(ids) = &selection {
                 for id in ids {
-                    only_server(config.clone(), Some(&id.server)).map(drop)?;
+                    server_of(config.clone(), id).map(drop)?;
                 }
             }
             let ctx = tokio::select! {
@@ -259,10 +273,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     out.flush()?;
                     eprint!("\n{report}");
                 }
-                all_failed(
-                    servers,
-                    report.failed_servers.iter().filter(|f| !ctx.hub().is_connected(&f.server)).count(),
-                )?;
+                all_failed(servers, report.failed_servers.iter().filter(|f| is_down(ctx.hub(), &f.server)).count())?;
                 Ok(ExitCode::SUCCESS)
             })
             .await;
@@ -281,7 +292,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Some(p) => Policy::load(p)?,
                 None => Policy::allow_all(),
             };
-            let config = only_server(config, Some(&id.server))?;
+            let config = server_of(config, &id)?;
             with_hub(&config, |hub| async move {
                 // The same gate as every other requested URI: decide on what would be read.
                 let up = policy.for_user(&user);
@@ -350,6 +361,20 @@ fn only_server(mut config: Config, server: Option<&str>) -> anyhow::Result<Confi
     Ok(config)
 }
 
+/// [`only_server`] for the server of `id`; an unknown "server" that is a
+/// URI's scheme (`docs://readme`, the server forgotten) is explained.
+fn server_of(config: Config, id: &ResourceId) -> anyhow::Result<Config> {
+    if config.server(&id.server).is_none() && id.uri.starts_with("//") {
+        let known: Vec<_> = config.servers.iter().map(|s| s.name.as_str()).collect();
+        let example = known.first().copied().unwrap_or("SERVER");
+        bail!(
+            "`{id}` names no server: identifiers are SERVER:URI, e.g. `{example}:{id}` (configured servers: {})",
+            if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+        );
+    }
+    only_server(config, Some(&id.server))
+}
+
 /// Connects, runs `f`, closes. A signal while connecting drops the
 /// half-made hub, whose guards kill every process group started so far; a
 /// signal later closes the hub as usual. When every server failed there is
@@ -364,7 +389,7 @@ where
         code = signalled() => return Ok(code),
     };
     let failures = hub.failures();
-    let down: Vec<_> = failures.iter().filter(|f| !hub.is_connected(&f.server)).collect();
+    let down: Vec<_> = failures.iter().filter(|f| is_down(&hub, &f.server)).collect();
     let result = if !down.is_empty() && down.len() == config.servers.len() {
         Err(match down.as_slice() {
             [one] => anyhow::anyhow!("server `{}` failed: {}", one.server, one.error),
@@ -384,6 +409,12 @@ where
     };
     hub.close().await;
     result
+}
+
+/// Whether a server counts as failed for the exit code: its process or
+/// connection is down, or its listing failed with nothing listed.
+fn is_down(hub: &Hub, server: &str) -> bool {
+    !hub.is_connected(server) || hub.status().iter().any(|s| s.name == server && s.failed())
 }
 
 async fn interruptible<F>(_ctx: &McpContext, f: F) -> anyhow::Result<ExitCode>

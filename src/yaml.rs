@@ -157,7 +157,7 @@ pub(crate) fn pos_within(src: &str, node: &Node<'_>, needle: &str) -> Pos {
 }
 
 /// 1-based line and column of byte offset `at` of `src`.
-fn pos_of(src: &str, at: usize) -> Pos {
+pub(crate) fn pos_of(src: &str, at: usize) -> Pos {
     let before = &src[..at.min(src.len())];
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
     Pos { line: before.matches('\n').count() + 1, column: before[line_start..].chars().count() + 1 }

@@ -1,8 +1,9 @@
 //! Connecting to one server and supervising it: spawn a stdio server as the
-//! leader of its own process group (or dial an HTTP one), the `initialize`
-//! handshake, the explanation of a failed start (exit status, stderr tail,
-//! junk on stdout), reconnection with backoff when its process ended, and
-//! the bounded shutdown (close stdin, SIGTERM the group, SIGKILL it).
+//! leader of its own process group, set to die with us (or dial an HTTP
+//! one), the `initialize` handshake, the explanation of a failed start (exit
+//! status, the telling stderr lines of `super::stderr`, junk on stdout),
+//! reconnection with backoff when its process ended, and the bounded
+//! shutdown (close stdin, SIGTERM the group, SIGKILL it).
 
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
@@ -22,6 +23,7 @@ use super::convert::init_cause;
 use super::list::list_server;
 use super::listen::{Listener, ListenerConfig};
 use super::server::{Backoff, Server};
+use super::stderr::{StderrTail, TAIL_LINES, drain_stderr, missing_vars, pick};
 use super::{Hub, HubEvent, Shared};
 use crate::cause::redact_url;
 use crate::config::{ENV_ALLOWLIST, Protocol, ServerConfig, Transport};
@@ -32,12 +34,6 @@ use crate::pipe::{ChildPipe, Diagnostics};
 const EXIT_GRACE: Duration = Duration::from_millis(1500);
 /// How long after SIGTERM before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_millis(1000);
-/// Longest stderr line forwarded to tracing.
-const MAX_STDERR_LINE: usize = 4096;
-/// Last stderr lines of a server quoted when it fails to start.
-const STDERR_TAIL_LINES: usize = 8;
-/// Longest stderr line quoted when a server fails to start, in characters.
-const STDERR_TAIL_WIDTH: usize = 200;
 
 /// Our side of one connection (rmcp's client handler): it announces the
 /// handshake revision (2025-11-25, for `initialize`) and turns the server's notifications into hub events
@@ -216,6 +212,9 @@ fn group_alive(pgid: i32) -> bool {
 
 async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std::result::Result<Live, String> {
     let timeout = cfg.timeout;
+    if let Some(why) = &cfg.unsupported {
+        return Err(why.clone());
+    }
     match &cfg.transport {
         Transport::Stdio { command, command_display, args, env, inherit_env, cwd } => {
             let mut cmd = tokio::process::Command::new(command);
@@ -230,6 +229,7 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
             if let Some(cwd) = cwd {
                 cmd.current_dir(cwd);
             }
+            die_with_parent(&mut cmd);
             let mut wrapped = CommandWrap::from(cmd);
             wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
             wrapped.command_mut().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -268,7 +268,9 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
             if let Some(drain) = drain {
                 let _ = tokio::time::timeout(Duration::from_millis(300), drain).await;
             }
-            Err(explain_start_failure(failure, diag.first_junk(), &tail))
+            let passed =
+                |v: &str| ENV_ALLOWLIST.contains(&v) || inherit_env.iter().any(|n| n == v) || env.contains_key(v);
+            Err(explain_start_failure(failure, diag.first_junk(), &tail, &passed))
         }
         Transport::Http { url, headers } => {
             use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -345,6 +347,34 @@ fn verb(protocol: Protocol) -> &'static str {
     }
 }
 
+/// Has the server killed (SIGKILL) when this process dies, even when it is
+/// killed outright (`kill -9`), where no handler of ours runs to end the
+/// process group: Linux's parent-death signal. The kernel ties it to the
+/// spawning thread; the runtime's worker threads live as long as the runtime.
+/// Grandchildren (`npx` → `node`) are not covered; they see their stdin close.
+fn die_with_parent(cmd: &mut tokio::process::Command) {
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: runs between fork and exec, so it only makes async-signal-safe
+        // calls (prctl, getppid, _exit) and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent died before the prctl: nobody will send the signal.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
 /// Kills a process group if connecting fails half-way.
 struct GroupGuard(Option<i32>);
 impl Drop for GroupGuard {
@@ -394,42 +424,6 @@ async fn live_from(service: RunningService<RoleClient, Host>, pgid: Option<i32>,
     }
 }
 
-/// The last lines a server wrote on stderr, each cut to a readable width.
-type StderrTail = Arc<StdMutex<std::collections::VecDeque<String>>>;
-
-/// Forwards a server's stderr to tracing (debug) and keeps its last
-/// [`STDERR_TAIL_LINES`] lines, which explain a failed start (a Python
-/// traceback, "address in use", a missing module).
-async fn drain_stderr(server: String, stderr: tokio::process::ChildStderr, tail: StderrTail) {
-    use tokio::io::AsyncBufReadExt;
-    let mut reader = tokio::io::BufReader::new(stderr);
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                let line = String::from_utf8_lossy(&buf[..buf.len().min(MAX_STDERR_LINE)]);
-                let line = line.trim_end();
-                tracing::debug!(target: "mcp_stderr", server = %server, "{line}");
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let mut kept: String =
-                    line.chars().filter(|c| !c.is_control() || *c == '\t').take(STDERR_TAIL_WIDTH).collect();
-                if line.chars().count() > STDERR_TAIL_WIDTH {
-                    kept.push('…');
-                }
-                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-                if tail.len() == STDERR_TAIL_LINES {
-                    tail.pop_front();
-                }
-                tail.push_back(kept);
-            }
-        }
-    }
-}
-
 /// "exited with status 1", "was killed by signal 9 (SIGKILL)".
 fn describe_exit(status: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
@@ -451,20 +445,33 @@ fn describe_exit(status: std::process::ExitStatus) -> String {
 }
 
 /// A failed start in words: what happened, the first non-JSON line it
-/// wrote on stdout, and the last lines of its stderr (the caller scrubs
-/// secrets from the whole).
-fn explain_start_failure(what: String, junk: Option<String>, tail: &StderrTail) -> String {
+/// wrote on stdout, the lines of its stderr that explain it, and a hint when
+/// it names a host variable it was not given (the caller scrubs secrets
+/// from the whole). `passed(name)`: the server was given that variable.
+fn explain_start_failure(
+    what: String,
+    junk: Option<String>,
+    tail: &StderrTail,
+    passed: &dyn Fn(&str) -> bool,
+) -> String {
     let mut out = what;
     if let Some(junk) = junk {
         out.push_str(&format!("; it wrote non-JSON on stdout: {junk}"));
     }
     let tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-    if !tail.is_empty() {
+    let lines: Vec<String> = tail.iter().cloned().collect();
+    if !lines.is_empty() {
         out.push_str("; its stderr ends with:");
-        for line in tail.iter() {
+        for line in pick(&lines, TAIL_LINES) {
             out.push_str("\n    | ");
-            out.push_str(line);
+            out.push_str(line.unwrap_or("…"));
         }
+    }
+    for var in missing_vars(&lines, passed) {
+        out.push_str(&format!(
+            "\n  hint: `{var}` is set here but a server only gets the variables it is given; \
+             add it to this server's `inherit_env: [{var}]`"
+        ));
     }
     out
 }

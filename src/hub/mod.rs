@@ -40,6 +40,7 @@ mod convert;
 mod list;
 mod listen;
 mod server;
+mod stderr;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -113,6 +114,17 @@ pub struct ServerStatus {
     pub list_ms: f64,
     /// How many times the connection was re-established.
     pub restarts: u32,
+}
+
+impl ServerStatus {
+    /// Whether the server counts as failed (the CLI's "all N servers
+    /// failed"): it is not connected, or it is but its listing failed with
+    /// no resource listed (a database server pointed at a closed port; its
+    /// templates alone give no context). A partial listing, or a server that
+    /// simply has no resources, is no failure.
+    pub fn failed(&self) -> bool {
+        !self.connected || (self.problem.is_some() && self.resources == 0)
+    }
 }
 
 /// A server's connection at one moment (see [`Hub::connection`]).

@@ -13,6 +13,7 @@ mod common;
 mod edges;
 mod faults;
 mod gate;
+mod hosts;
 mod hub;
 mod inject;
 mod memory;
