@@ -72,7 +72,7 @@ async fn main() {
     std::fs::write(
         &config,
         format!(
-            "servers:\n  demo:\n    command: {exe:?}\n    args: [demo]\ncontext:\n  max_tokens: 4000\n\
+            "servers:\n  demo:\n    command: {exe:?}\n    args: [demo-server]\ncontext:\n  max_tokens: 4000\n\
              serve:\n  keys:\n    - {{ sha256: \"{digest}\", user: alice }}\n  max_body_bytes: 10485760\n"
         ),
     )
