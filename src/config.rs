@@ -1564,6 +1564,14 @@ mod tests {
     }
 
     #[test]
+    fn reads_in_flight_default_by_transport() {
+        let c = load("servers:\n  s:\n    command: x\n  h:\n    url: http://h/mcp\n  set:\n    url: http://h/mcp\n    max_concurrent_reads: 8\n")
+            .unwrap();
+        let reads: Vec<usize> = c.servers.iter().map(|s| s.max_concurrent_reads).collect();
+        assert_eq!(reads, [DEFAULT_MAX_CONCURRENT_READS, DEFAULT_MAX_CONCURRENT_READS_HTTP, 8]);
+    }
+
+    #[test]
     fn full_example_loads_in_order() {
         let c = load(
             "servers:\n  zeta:\n    command: ./bin/srv\n    args: [\"--t\", \"${TOKEN}\"]\n    env: { A: \"${TOKEN}\" }\n    cwd: docs\n    timeout_ms: 500\n  alpha:\n    httpUrl: http://127.0.0.1:1/mcp\n    headers: { Authorization: \"Bearer ${TOKEN}\" }\npolicy: policies/\ncontext:\n  model: gpt-4\n  max_tokens: 100\n  role: developer\n",
