@@ -283,7 +283,9 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
             }
             let transport = StreamableHttpClientTransport::with_client(
                 crate::http::ReadStreamingClient::new(max_text),
-                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
+                StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                    .custom_headers(map)
+                    .max_concurrent_requests(http_requests_in_flight(cfg.max_concurrent_reads)),
             );
             let what = opener(cfg.protocol);
             let service = match tokio::time::timeout(
@@ -307,6 +309,18 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
             Ok(live_from(service, None, cfg).await)
         }
     }
+}
+
+/// POSTs the Streamable HTTP transport keeps in flight for a server whose
+/// reads are bounded by `max_concurrent_reads`: its reads (never more than
+/// the global bound allows) and a few more, so that a listing, a
+/// subscription or a notification does not queue behind a full window of
+/// slow reads. rmcp's own default is 16, which would cap any larger
+/// `max_concurrent_reads` on the wire (issue 31).
+fn http_requests_in_flight(max_concurrent_reads: usize) -> usize {
+    /// Slots beyond the reads, for everything that is not a read.
+    const CONTROL_SLOTS: usize = 4;
+    max_concurrent_reads.clamp(1, super::GLOBAL_READS) + CONTROL_SLOTS
 }
 
 /// How a connection starts, for each `protocol:` setting. `auto` is rmcp's

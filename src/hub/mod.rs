@@ -158,7 +158,7 @@ pub struct Hub {
 }
 
 /// Reads in flight across all servers at once.
-const GLOBAL_READS: usize = 256;
+pub(crate) const GLOBAL_READS: usize = 256;
 
 impl Hub {
     /// Connects to every server of `config` concurrently, each bounded by its

@@ -189,6 +189,32 @@ async fn streamable_http_server_on_loopback() {
     stop.cancel();
 }
 
+/// Reads `n` resources from an HTTP fixture whose reads each take 300 ms,
+/// and returns the most reads the server saw in flight at once.
+async fn http_reads_in_flight(n: usize, json: bool, setting: &str) -> usize {
+    let (url, fixture, stop) =
+        http_fixture_as(Options { n, page_size: 1000, delay_ms: 300, ..Default::default() }, json).await;
+    let hub = Hub::connect(&config(&format!("servers:\n  web:\n    url: {url}\n{setting}"))).await;
+    assert!(hub.failures().is_empty(), "{:?}", hub.failures());
+    let ids: Vec<ResourceId> = (0..n).map(|i| id(&format!("web:fx://doc/{i}"))).collect();
+    let results = hub.read_many(&ids).await;
+    assert!(results.iter().all(Result::is_ok));
+    hub.close().await;
+    stop.cancel();
+    fixture.peak_delayed.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn http_reads_in_flight_follow_max_concurrent_reads() {
+    // rmcp's Streamable HTTP client sends at most 16 POSTs at once unless
+    // told otherwise: `max_concurrent_reads` must reach it (issue 31).
+    let peak = http_reads_in_flight(64, false, "    max_concurrent_reads: 48\n").await;
+    assert!(peak > 16 && peak <= 48, "{peak} reads in flight, want 17..=48");
+    // An HTTP server's default is 64 (stdio's is 16); stateless JSON answers too.
+    let peak = http_reads_in_flight(100, true, "").await;
+    assert!(peak > 48 && peak <= 64, "{peak} reads in flight by default, want 49..=64");
+}
+
 #[tokio::test]
 async fn close_ends_stubborn_servers_and_grandchildren() {
     let t = tag();

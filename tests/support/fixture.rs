@@ -140,6 +140,9 @@ pub struct Fixture {
     sinks: Arc<std::sync::Mutex<Vec<(usize, rmcp::service::SubscriptionSink)>>>,
     watching: Arc<std::sync::atomic::AtomicBool>,
     inflight: Arc<AtomicUsize>,
+    /// Reads waiting out `delay_ms` now, and the most seen at once.
+    delayed: Arc<AtomicUsize>,
+    pub peak_delayed: Arc<AtomicUsize>,
 }
 
 impl Fixture {
@@ -152,6 +155,8 @@ impl Fixture {
             sinks: Arc::default(),
             watching: Arc::default(),
             inflight: Arc::default(),
+            delayed: Arc::default(),
+            peak_delayed: Arc::default(),
         }
     }
 
@@ -454,6 +459,9 @@ impl ServerHandler for Fixture {
         cx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         if self.opts.delay_ms > 0 {
+            let now = self.delayed.fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak_delayed.fetch_max(now, Ordering::SeqCst);
+            let _guard = Dec(self.delayed.clone());
             tokio::time::sleep(Duration::from_millis(self.opts.delay_ms)).await;
         }
         let answer = self.read_now(request, cx).await;
