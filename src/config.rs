@@ -1757,7 +1757,7 @@ mod tests {
         assert_eq!(c.servers.len(), 2);
         assert_eq!(c.servers[0].timeout, Duration::from_secs(60));
         assert!(
-            matches!(&c.servers[1].transport, Transport::Http { url, headers } if url == "https://h/mcp" && headers["A"] == "s3cr3t")
+            matches!(&c.servers[1].transport, Transport::Http { url, headers, sse: false } if url == "https://h/mcp" && headers["A"] == "s3cr3t")
         );
         // Our own sections in a JSON file are still ours, and strict.
         let e = load_json(r#"{"mcpServers": {}, "context": {"max_tokens": 0}}"#, "/x/m.json").unwrap_err();

@@ -173,4 +173,10 @@ async fn python_sdk_server_over_legacy_sse() {
     assert!(matches!(missing, mcp_context::Error::NotFound { .. }), "{missing:?}");
     assert!(read_log(&dir.path().join("reads.log")).iter().any(|l| l == "fx://doc/1"));
     hub.close().await;
+
+    // The same URL as Streamable HTTP: `POST /sse` is 405, and the error says `type: sse`.
+    let hub = mcp_context::Hub::connect(&config(&yaml.replace("type: sse", "type: http"))).await;
+    let failures = format!("{:?}", hub.failures());
+    assert!(failures.contains("405") && failures.contains("type: sse"), "{failures}");
+    hub.close().await;
 }
