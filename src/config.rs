@@ -780,12 +780,15 @@ pub enum Transport {
         /// Working directory.
         cwd: Option<PathBuf>,
     },
-    /// Streamable HTTP.
+    /// Streamable HTTP, or the legacy HTTP+SSE transport (`type: sse`).
     Http {
-        /// Endpoint URL.
+        /// Endpoint URL (the SSE stream's, for `sse`).
         url: String,
         /// Extra request headers (e.g. `Authorization`).
         headers: BTreeMap<String, String>,
+        /// The legacy HTTP+SSE transport of MCP 2024-11-05 (`type: sse`):
+        /// `GET` the event stream, `POST` to the endpoint it names.
+        sse: bool,
     },
 }
 
@@ -800,9 +803,10 @@ impl fmt::Debug for Transport {
                 .field("env", &env.keys().collect::<Vec<_>>())
                 .field("cwd", cwd)
                 .finish(),
-            Transport::Http { url, headers } => f
+            Transport::Http { url, headers, sse } => f
                 .debug_struct("Http")
                 .field("url", &redact_url(url))
+                .field("sse", sse)
                 .field("headers", &headers.keys().collect::<Vec<_>>())
                 .finish(),
         }
@@ -1124,7 +1128,7 @@ impl Config {
                     for (k, v) in &s.headers {
                         headers.insert(k.clone(), expand(v, &name)?);
                     }
-                    Transport::Http { url, headers }
+                    Transport::Http { url, headers, sse: s.kind.as_deref() == Some("sse") }
                 }
             };
             let mut timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
@@ -1171,11 +1175,7 @@ impl Config {
                 cache_ttl: Duration::from_millis(s.cache_ttl_ms.unwrap_or(DEFAULT_CACHE_TTL_MS)),
                 serve_stale: s.serve_stale,
                 protocol,
-                unsupported: (s.kind.as_deref() == Some("sse")).then(|| {
-                    "the legacy SSE transport (`type: sse`) is not supported yet; use Streamable HTTP \
-                     (`type: http`, the server's `/mcp` endpoint)"
-                        .to_owned()
-                }),
+                unsupported: None,
             });
         }
         let context = raw.context.unwrap_or_default();
@@ -1757,7 +1757,7 @@ mod tests {
         assert_eq!(c.servers.len(), 2);
         assert_eq!(c.servers[0].timeout, Duration::from_secs(60));
         assert!(
-            matches!(&c.servers[1].transport, Transport::Http { url, headers } if url == "https://h/mcp" && headers["A"] == "s3cr3t")
+            matches!(&c.servers[1].transport, Transport::Http { url, headers, sse: false } if url == "https://h/mcp" && headers["A"] == "s3cr3t")
         );
         // Our own sections in a JSON file are still ours, and strict.
         let e = load_json(r#"{"mcpServers": {}, "context": {"max_tokens": 0}}"#, "/x/m.json").unwrap_err();
@@ -1772,7 +1772,7 @@ mod tests {
         assert_eq!(args, ["/p/srv.js", "s3cr3t"]);
         assert_eq!(cwd, Some(Path::new("/p/.vscode")));
         assert!(c.servers[0].unsupported.is_none());
-        assert!(c.servers[1].unsupported.as_deref().unwrap().contains("legacy SSE transport"));
+        assert!(matches!(&c.servers[1].transport, Transport::Http { url, sse: true, .. } if url == "http://h/sse"));
         let e = load_json(&src.replace("${env:TOKEN}", "${input:k}"), "/p/.vscode/mcp.json").unwrap_err().to_string();
         assert!(
             e.starts_with("/p/.vscode/mcp.json:5:") && e.contains("`${input:k}`") && e.contains("cannot prompt"),

@@ -272,43 +272,80 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
                 |v: &str| ENV_ALLOWLIST.contains(&v) || inherit_env.iter().any(|n| n == v) || env.contains_key(v);
             Err(explain_start_failure(failure, diag.first_junk(), &tail, &passed))
         }
-        Transport::Http { url, headers } => {
+        Transport::Http { url, headers, sse } => {
             use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-            let mut map = std::collections::HashMap::new();
+            let mut map = http::HeaderMap::new();
             for (k, v) in headers {
                 let name =
                     http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| format!("invalid header name `{k}`"))?;
                 let value = http::HeaderValue::from_str(v).map_err(|_| format!("invalid value for header `{k}`"))?;
                 map.insert(name, value);
             }
+            if *sse {
+                let opened = tokio::time::timeout(timeout, super::sse::connect(url, map)).await;
+                let transport = match opened {
+                    Err(_) => {
+                        return Err(format!(
+                            "no `endpoint` event from {} within {} ms",
+                            redact_url(url),
+                            timeout.as_millis()
+                        ));
+                    }
+                    Ok(Err(why)) => return Err(format!("cannot connect to {}: {why}", redact_url(url))),
+                    Ok(Ok(pair)) => pair,
+                };
+                return serve_http(host, transport, cfg, url, false).await;
+            }
             let transport = StreamableHttpClientTransport::with_client(
                 crate::http::ReadStreamingClient::new(max_text),
                 StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                    .custom_headers(map)
+                    .custom_headers(map.into_iter().filter_map(|(k, v)| Some((k?, v))).collect())
                     .max_concurrent_requests(http_requests_in_flight(cfg.max_concurrent_reads)),
             );
-            let what = opener(cfg.protocol);
-            let service = match tokio::time::timeout(
-                timeout,
-                host.serve_with_lifecycle(transport, lifecycle(cfg.protocol)),
-            )
-            .await
-            {
-                Err(_) => {
-                    return Err(format!(
-                        "no answer to {what} from {} within {} ms",
-                        redact_url(url),
-                        timeout.as_millis()
-                    ));
-                }
-                Ok(Err(e)) => {
-                    return Err(format!("cannot {} {}: {}", verb(cfg.protocol), redact_url(url), init_cause(&e)));
-                }
-                Ok(Ok(s)) => s,
-            };
-            Ok(live_from(service, None, cfg).await)
+            serve_http(host, transport, cfg, url, true).await
         }
     }
+}
+
+/// The handshake over an HTTP transport (Streamable HTTP, or legacy SSE
+/// when `streamable` is false), bounded by the server's timeout.
+async fn serve_http<T, E, A>(
+    host: Host,
+    transport: T,
+    cfg: &ServerConfig,
+    url: &str,
+    streamable: bool,
+) -> std::result::Result<Live, String>
+where
+    T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let what = opener(cfg.protocol);
+    let service = match tokio::time::timeout(cfg.timeout, host.serve_with_lifecycle(transport, lifecycle(cfg.protocol)))
+        .await
+    {
+        Err(_) => {
+            return Err(format!("no answer to {what} from {} within {} ms", redact_url(url), cfg.timeout.as_millis()));
+        }
+        Ok(Err(e)) => {
+            let cause = init_cause(&e);
+            let hint = if streamable && looks_like_sse_only(&cause) {
+                " (an SSE-only server? set `type: sse` and the URL of its event stream, often `/sse`)"
+            } else {
+                ""
+            };
+            return Err(format!("cannot {} {}: {cause}{hint}", verb(cfg.protocol), redact_url(url)));
+        }
+        Ok(Ok(s)) => s,
+    };
+    Ok(live_from(service, None, cfg).await)
+}
+
+/// Whether a Streamable HTTP failure looks like a server that speaks only
+/// the legacy HTTP+SSE transport: `POST` not allowed, or an event stream
+/// where JSON was expected.
+fn looks_like_sse_only(cause: &str) -> bool {
+    cause.contains("HTTP 405") || cause.contains("Method Not Allowed") || cause.contains("`text/event-stream")
 }
 
 /// POSTs the Streamable HTTP transport keeps in flight for a server whose

@@ -40,6 +40,7 @@ mod convert;
 mod list;
 mod listen;
 mod server;
+mod sse;
 mod stderr;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -129,7 +129,7 @@ fn vscode_mcp_json_with_comments_inputs_env_file_and_sse() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("- demo:demo://docs/guide"));
     let err = text(&out.stderr);
-    assert!(err.contains("server `legacy` failed: the legacy SSE transport"), "{err}");
+    assert!(err.contains("server `legacy` failed: cannot connect to http://127.0.0.1:9/sse: "), "{err}");
     assert!(wait_gone_blocking(&t).is_empty());
 
     // `${input:…}` cannot be prompted for: named, located.

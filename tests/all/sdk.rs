@@ -128,3 +128,55 @@ async fn typescript_sdk_server_forced_to_2025_11_25() {
     assert!(log.iter().any(|l| l == "subscribe fx://live"), "{log:?}");
     assert!(!log.iter().any(|l| l.starts_with("listen")), "{log:?}");
 }
+
+/// tests/python-mcp/server.py on the SDK's legacy HTTP+SSE transport
+/// (`SseServerTransport` under uvicorn), and the port it listens on.
+async fn python_sse_server(py: &Path, dir: &Path) -> (tokio::process::Child, u16) {
+    let port_file = dir.join("port");
+    let (log, live) = live_files(dir);
+    let child = tokio::process::Command::new(py)
+        .arg(Path::new(ROOT).join("tests/python-mcp/server.py"))
+        .args(["--n", "5", "--record", log.to_str().unwrap(), "--live", live.to_str().unwrap()])
+        .arg("--sse-port-file")
+        .arg(&port_file)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if let Ok(p) = std::fs::read_to_string(&port_file) {
+            return (child, p.trim().parse().unwrap());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the Python SSE server did not start");
+}
+
+#[tokio::test]
+async fn python_sdk_server_over_legacy_sse() {
+    let Some(py) = python() else {
+        return skip("python_sdk_server_over_legacy_sse", "no target/py-mcp venv with `mcp` (see .ci/run)");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, port) = python_sse_server(&py, dir.path()).await;
+    let yaml = format!("servers:\n  s:\n    type: sse\n    url: http://127.0.0.1:{port}/sse\n    timeout_ms: 20000\n");
+    let hub = mcp_context::Hub::connect(&config(&yaml)).await;
+    assert!(hub.failures().is_empty(), "{:?}", hub.failures());
+    assert!(hub.status()[0].listing_complete);
+    let mut uris: Vec<String> = hub.resources().iter().map(|r| r.id.uri.clone()).collect();
+    uris.sort();
+    assert_eq!(uris, ["fx://blob", "fx://doc/0", "fx://doc/1", "fx://doc/2", "fx://doc/3", "fx://doc/4", "fx://live"]);
+    let text = hub.read(&mcp_context::ResourceId::parse("s:fx://doc/1").unwrap()).await.unwrap();
+    assert!(mcp_context::render_text(&text, None).contains("Document 1"), "{text:?}");
+    let blob = hub.read(&mcp_context::ResourceId::parse("s:fx://blob").unwrap()).await.unwrap();
+    assert!(matches!(blob.parts[0], mcp_context::ContentPart::Blob { .. }), "{blob:?}");
+    let missing = hub.read(&mcp_context::ResourceId::parse("s:fx://doc/999").unwrap()).await.unwrap_err();
+    assert!(matches!(missing, mcp_context::Error::NotFound { .. }), "{missing:?}");
+    assert!(read_log(&dir.path().join("reads.log")).iter().any(|l| l == "fx://doc/1"));
+    hub.close().await;
+
+    // The same URL as Streamable HTTP: `POST /sse` is 405, and the error says `type: sse`.
+    let hub = mcp_context::Hub::connect(&config(&yaml.replace("type: sse", "type: http"))).await;
+    let failures = format!("{:?}", hub.failures());
+    assert!(failures.contains("405") && failures.contains("type: sse"), "{failures}");
+    hub.close().await;
+}

@@ -29,6 +29,10 @@ parser.add_argument("--record")
 parser.add_argument("--live")
 parser.add_argument("--read-ttl-ms", type=int)
 parser.add_argument("--private", action="store_true")
+# The legacy HTTP+SSE transport (2024-11-05) instead of stdio: serve
+# `GET /sse` and `POST /messages/` on 127.0.0.1, a free port written to
+# this file once listening.
+parser.add_argument("--sse-port-file")
 args = parser.parse_args()
 
 bus = InMemorySubscriptionBus()
@@ -142,4 +146,36 @@ async def main() -> None:
         await server.run(read_stream, write_stream, options)
 
 
-anyio.run(main)
+async def main_sse() -> None:
+    import socket
+
+    import uvicorn
+    from mcp.server.sse import SseServerTransport
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Mount, Route
+
+    sse = SseServerTransport("/messages/")
+
+    async def handle_sse(request):
+        async with sse.connect_sse(request.scope, request.receive, request._send) as (read_stream, write_stream):
+            options = server.create_initialization_options(NotificationOptions(resources_changed=True))
+            await server.run(read_stream, write_stream, options)
+        return Response()
+
+    app = Starlette(
+        routes=[Route("/sse", endpoint=handle_sse, methods=["GET"]), Mount("/messages/", app=sse.handle_post_message)]
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    with open(args.sse_port_file + ".tmp", "w") as f:
+        f.write(str(sock.getsockname()[1]))
+    import os
+
+    os.replace(args.sse_port_file + ".tmp", args.sse_port_file)
+    config = uvicorn.Config(app, log_level="warning")
+    await uvicorn.Server(config).serve(sockets=[sock])
+
+
+anyio.run(main_sse if args.sse_port_file else main)
