@@ -708,13 +708,8 @@ fn default_warm_memo_max_bytes() -> usize {
     DEFAULT_WARM_MEMO_MAX_BYTES
 }
 
-/// Default `context.chunk_index_max_bytes` (64 MiB). A content version
-/// costs four to six times its text here (the text, the rendered block, four
-/// bytes per token, the chunks' term counts), so this holds 10 to 16 MiB of
-/// resource text: a few hundred documents of a few tens of KiB. A larger
-/// knowledge base in relevance mode wants more, or its least recently used
-/// documents are chunked again when next asked for.
-pub const DEFAULT_CHUNK_INDEX_MAX_BYTES: usize = 64 << 20;
+/// Default `context.chunk_index_max_bytes`: defined with the chunk index it bounds.
+pub use crate::relevance::DEFAULT_CHUNK_INDEX_MAX_BYTES;
 
 fn default_chunk_index_max_bytes() -> usize {
     DEFAULT_CHUNK_INDEX_MAX_BYTES

@@ -22,6 +22,21 @@ pub(crate) fn low_water(bound: usize) -> usize {
 /// bytes); it keeps millions of tiny items from being counted as free.
 pub(crate) const ITEM_OVERHEAD: usize = 128;
 
+/// Approximate bytes a kept `Contents` holds: the capacity of its texts and
+/// MIME types, and [`ITEM_OVERHEAD`] for it and for each part.
+pub(crate) fn contents_bytes(contents: &crate::resource::Contents) -> usize {
+    use crate::resource::ContentPart;
+    let parts: usize = contents
+        .parts
+        .iter()
+        .map(|p| match p {
+            ContentPart::Text { text, mime_type } => text.capacity() + mime_type.as_ref().map_or(0, String::capacity),
+            ContentPart::Blob { mime_type, .. } => mime_type.as_ref().map_or(0, String::capacity),
+        } + ITEM_OVERHEAD)
+        .sum();
+    parts + ITEM_OVERHEAD
+}
+
 /// The keys of the least recently used items (`(use tick, bytes, key)`)
 /// whose bytes add up to at least `excess`, oldest first.
 pub(crate) fn oldest<K>(items: impl Iterator<Item = (u64, usize, K)>, excess: usize) -> Vec<K> {

@@ -81,6 +81,14 @@ use crate::budget::{PassageBlock, Passages, TokenCache, Tokenizer, pack_passages
 use crate::context::{Composition, compose};
 use crate::render::render_head_into;
 use crate::report::{ExcludeReason, Excluded, Included};
+
+/// Default `context.chunk_index_max_bytes` (64 MiB). A content version
+/// costs four to six times its text here (the text, the rendered block, four
+/// bytes per token, the chunks' term counts), so this holds 10 to 16 MiB of
+/// resource text: a few hundred documents of a few tens of KiB. A larger
+/// knowledge base in relevance mode wants more, or its least recently used
+/// documents are chunked again when next asked for.
+pub const DEFAULT_CHUNK_INDEX_MAX_BYTES: usize = 64 << 20;
 use crate::resource::{ContentPart, Contents, Resource};
 
 /// Default chunk size in tokens: a passage long enough to answer a question,
@@ -808,7 +816,7 @@ fn entry_bytes(contents: &Contents, meta: &(String, Option<String>, Option<Strin
     let term = size_of::<(u64, u16)>();
     let chunks: usize = chunked.chunks.iter().map(|c| size_of::<Chunk>() + c.terms.len() * term).sum();
     let meta = meta.0.len() + meta.1.as_ref().map_or(0, String::len) + meta.2.as_ref().map_or(0, String::len);
-    crate::cache::entry_bytes(contents, "")
+    crate::lru::contents_bytes(contents)
         + meta
         + chunked.head.capacity()
         + chunked.token_ends.capacity() * size_of::<u32>()
@@ -838,7 +846,7 @@ impl ChunkIndex {
     /// (see [`ChunkIndex::with_max_bytes`]).
     pub fn new(chunk_tokens: usize, overlap: usize) -> Self {
         let chunk_tokens = chunk_tokens.max(1);
-        let entries = Entries { max: crate::config::DEFAULT_CHUNK_INDEX_MAX_BYTES, ..Entries::default() };
+        let entries = Entries { max: DEFAULT_CHUNK_INDEX_MAX_BYTES, ..Entries::default() };
         ChunkIndex { chunk_tokens, overlap: overlap.min(chunk_tokens / 2), entries: Mutex::new(entries) }
     }
 

@@ -142,16 +142,7 @@ pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// MIME types, the user name it is stored under, and
 /// [`ITEM_OVERHEAD`](crate::lru::ITEM_OVERHEAD) for the entry and each part.
 pub(crate) fn entry_bytes(contents: &Contents, user: &str) -> usize {
-    use crate::resource::ContentPart;
-    let parts: usize = contents
-        .parts
-        .iter()
-        .map(|p| match p {
-            ContentPart::Text { text, mime_type } => text.capacity() + mime_type.as_ref().map_or(0, String::capacity),
-            ContentPart::Blob { mime_type, .. } => mime_type.as_ref().map_or(0, String::capacity),
-        } + crate::lru::ITEM_OVERHEAD)
-        .sum();
-    parts + user.len() + crate::lru::ITEM_OVERHEAD
+    crate::lru::contents_bytes(contents) + user.len()
 }
 
 /// A read in flight: the contents, and where they came from.
