@@ -20,8 +20,22 @@
 //! `server/discover` with "method not found", as servers built before
 //! 2026-07-28 do.
 //!
-//! `cargo run --release --example bench_server -- --n 1000 [--protocol 2026-07-28]`
+//! `--http ADDR` serves the same bytes over Streamable HTTP instead, as the
+//! latency lab (`../shared/lab/http/`) asks of a bench server: one endpoint
+//! (`/mcp`), stateless (no session id), every request answered with one
+//! `application/json` body, notifications and responses with 202, `GET` and
+//! `DELETE` with 405, both revisions per request (a request carrying
+//! `MCP-Protocol-Version: 2026-07-28` gets the 2026 fields), and
+//! `GET /stats?reset=1` with per-run counters (requests by method,
+//! connections, most requests in flight). `--delay-ms N` holds every answer
+//! N ms (a slow server, for tests without the lab's link) and `--log` prints
+//! one line per request to stderr in arrival order (`list <cursor>`,
+//! `read <uri>`, ...), which the tests read to see what overlapped.
+//!
+//! `cargo run --release --example bench_server -- --n 1000 [--protocol 2026-07-28] [--http 0.0.0.0:8765]`
 
+#[path = "bench/http_server.rs"]
+mod http;
 #[path = "bench/workload.rs"]
 mod workload;
 
@@ -87,13 +101,61 @@ fn build(n: usize, size: usize, page_size: usize, seed: u64, modern: bool) -> Wo
     Workload { pages, reads, modern }
 }
 
-fn respond(out: &mut impl Write, id: &Value, result: &str) -> std::io::Result<()> {
-    writeln!(out, "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{result}}}")
-}
-
-fn error(out: &mut impl Write, id: &Value, code: i32, message: &str) -> std::io::Result<()> {
-    let e = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
-    writeln!(out, "{e}")
+/// One JSON-RPC answer line (no newline) for `msg`, `None` for a
+/// notification or a response. Shared by the stdio and HTTP modes.
+fn answer(w: &Workload, msg: &Value) -> Option<String> {
+    let id = msg.get("id")?;
+    msg.get("method")?;
+    let ok = |result: &str| Some(format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{result}}}"));
+    let err = |code: i32, message: &str| {
+        Some(json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}).to_string())
+    };
+    let params = &msg["params"];
+    match msg["method"].as_str().unwrap_or("") {
+        "initialize" => {
+            let asked = params["protocolVersion"].as_str().unwrap_or("2025-11-25");
+            let version = if ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"].contains(&asked) {
+                asked
+            } else {
+                "2025-11-25"
+            };
+            let result = json!({
+                "protocolVersion": version,
+                "capabilities": {"resources": {}},
+                "serverInfo": {"name": "mcp-context-bench", "version": "0.1.0"},
+            });
+            ok(&result.to_string())
+        }
+        "server/discover" if w.modern => {
+            let result = json!({
+                "resultType": "complete",
+                "supportedVersions": ["2026-07-28"],
+                "capabilities": {"resources": {}},
+                "ttlMs": 0,
+                "cacheScope": "public",
+            });
+            ok(&result.to_string())
+        }
+        "ping" => ok("{}"),
+        "resources/list" => {
+            let cursor = params["cursor"].as_str().map(str::to_owned);
+            match w.pages.get(&cursor) {
+                Some(page) => ok(page),
+                None => err(-32602, &format!("invalid cursor: {cursor:?}")),
+            }
+        }
+        "resources/templates/list" if w.modern => ok(&modernise("{\"resourceTemplates\":[]}".into())),
+        "resources/templates/list" => ok("{\"resourceTemplates\":[]}"),
+        "resources/read" => {
+            let uri = params["uri"].as_str().unwrap_or("");
+            match w.reads.get(uri) {
+                Some(result) => ok(result),
+                // Not found: -32602 on 2026-07-28, -32002 before.
+                None => err(if w.modern { -32602 } else { -32002 }, &format!("Resource not found: {uri}")),
+            }
+        }
+        other => err(-32601, &format!("method not found: {other}")),
+    }
 }
 
 fn serve(w: &Workload) -> std::io::Result<()> {
@@ -102,61 +164,10 @@ fn serve(w: &Workload) -> std::io::Result<()> {
     for line in stdin.lines() {
         let line = line?;
         let Ok(msg) = serde_json::from_str::<Value>(&line) else { continue };
-        let Some(id) = msg.get("id") else { continue }; // a notification
-        let params = &msg["params"];
-        match msg["method"].as_str().unwrap_or("") {
-            "initialize" => {
-                let asked = params["protocolVersion"].as_str().unwrap_or("2025-11-25");
-                let version = if ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"].contains(&asked) {
-                    asked
-                } else {
-                    "2025-11-25"
-                };
-                let result = json!({
-                    "protocolVersion": version,
-                    "capabilities": {"resources": {}},
-                    "serverInfo": {"name": "mcp-context-bench", "version": "0.1.0"},
-                });
-                respond(&mut out, id, &result.to_string())?;
-            }
-            "server/discover" if w.modern => {
-                let result = json!({
-                    "resultType": "complete",
-                    "supportedVersions": ["2026-07-28"],
-                    "capabilities": {"resources": {}},
-                    "ttlMs": 0,
-                    "cacheScope": "public",
-                });
-                respond(&mut out, id, &result.to_string())?;
-            }
-            "ping" => respond(&mut out, id, "{}")?,
-            "resources/list" => {
-                let cursor = params["cursor"].as_str().map(str::to_owned);
-                match w.pages.get(&cursor) {
-                    Some(page) => respond(&mut out, id, page)?,
-                    None => error(&mut out, id, -32602, &format!("invalid cursor: {cursor:?}"))?,
-                }
-            }
-            "resources/templates/list" if w.modern => {
-                respond(&mut out, id, &modernise("{\"resourceTemplates\":[]}".into()))?
-            }
-            "resources/templates/list" => respond(&mut out, id, "{\"resourceTemplates\":[]}")?,
-            "resources/read" => {
-                let uri = params["uri"].as_str().unwrap_or("");
-                match w.reads.get(uri) {
-                    Some(result) => respond(&mut out, id, result)?,
-                    // Not found: -32602 on 2026-07-28, -32002 before.
-                    None => error(
-                        &mut out,
-                        id,
-                        if w.modern { -32602 } else { -32002 },
-                        &format!("Resource not found: {uri}"),
-                    )?,
-                }
-            }
-            other => error(&mut out, id, -32601, &format!("method not found: {other}"))?,
+        if let Some(a) = answer(w, &msg) {
+            writeln!(out, "{a}")?;
+            out.flush()?;
         }
-        out.flush()?;
     }
     Ok(())
 }
@@ -176,6 +187,23 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(addr) = args.iter().position(|a| a == "--http").and_then(|i| args.get(i + 1)) {
+        // Both revisions per request (the lab's rule): a 2026-07-28 request
+        // gets the 2026 fields; `--protocol 2025-11-25` (the default) still
+        // answers `server/discover` with "method not found".
+        let legacy = build(n, size, page_size, seed, false);
+        let current = build(n, size, page_size, seed, true);
+        let options = http::Options {
+            delay: std::time::Duration::from_millis(arg(&args, "--delay-ms", "BENCH_DELAY_MS", 0)),
+            log: args.iter().any(|a| a == "--log"),
+            discover: modern,
+        };
+        if let Err(e) = http::run(addr, legacy, current, options) {
+            eprintln!("bench_server: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let w = build(n, size, page_size, seed, modern);
     if args.iter().any(|a| a == "--verbose") {
         eprintln!("[bench_server] n={n} size={size} page_size={page_size} seed={seed} build={:?}", started.elapsed());

@@ -11,6 +11,13 @@
 //! cargo build --release --example lab_peer --example bench_server
 //! target/release/examples/lab_peer --concurrent --server-cmd "target/release/examples/bench_server --n 1000"
 //! ```
+//! `--url URL` gathers from a Streamable HTTP server instead (the latency
+//! lab, `../shared/lab/http/`), with the config's own defaults for an HTTP
+//! server (`--reads N` sets `max_concurrent_reads`, `--protocol P` the
+//! revision). A concurrent gather reads each page while the next is listed
+//! (`Hub::connect_reading_ahead`, what `preview` does); `--no-read-ahead`
+//! reads after the last page, as before.
+//!
 //! The client is named `mcp-context-sequential` or `mcp-context-concurrent`
 //! (plus `-multi-thread` with that flag), so the lab's own
 //! `EXTRA_PEERS='rust|peer;rust --concurrent|peer --concurrent'` gives two
@@ -94,12 +101,25 @@ async fn run(multi: bool) {
             parts.extend(w.split(' ').map(str::to_owned));
         }
     }
-    let yaml = serde_json::json!({
-        "servers": {"bench": {
+    // `--url URL`: a Streamable HTTP server (the latency lab, ../shared/lab/http),
+    // with the config's defaults unless `--reads N` or `--protocol P` say otherwise.
+    let url = flag_value(&args, "--url");
+    let mut server = match &url {
+        Some(url) => serde_json::json!({"url": url, "timeout_ms": 60000}),
+        None => serde_json::json!({
             "command": parts[0], "args": &parts[1..], "timeout_ms": 60000,
             "inherit_env": ["BENCH_N", "BENCH_SIZE", "BENCH_PAGE_SIZE", "BENCH_SEED", "VIRTUAL_ENV", "PYTHONPATH"],
             "max_concurrent_reads": 256
-        }},
+        }),
+    };
+    if let Some(n) = flag_value(&args, "--reads") {
+        server["max_concurrent_reads"] = n.parse::<u64>().expect("--reads N").into();
+    }
+    if let Some(p) = flag_value(&args, "--protocol") {
+        server["protocol"] = p.into();
+    }
+    let yaml = serde_json::json!({
+        "servers": {"bench": server},
         "context": {"max_resource_bytes": 1u64 << 30}
     })
     .to_string();
@@ -107,8 +127,11 @@ async fn run(multi: bool) {
     // Load the tokenizer before the clock starts, as the lab's peers do.
     let bpe = tiktoken_rs::o200k_base_singleton();
 
+    // Concurrent gathers read each page while the next is listed, as
+    // `preview` does (`--no-read-ahead`: only after the last page).
+    let ahead = !sequential && !args.iter().any(|a| a == "--no-read-ahead");
     let start = Instant::now();
-    let hub = Hub::connect(&config).await;
+    let hub = if ahead { Hub::connect_reading_ahead(&config, |_| true).await } else { Hub::connect(&config).await };
     if let Some(f) = hub.failures().first() {
         eprintln!("lab_peer: {}: {}", f.server, f.error);
         std::process::exit(1);
@@ -156,8 +179,9 @@ async fn run(multi: bool) {
     let shutdown_s = t_close.elapsed().as_secs_f64();
     let line = serde_json::json!({
         "client": format!(
-            "mcp-context{}{}",
+            "mcp-context{}{}{}",
             if sequential { "-sequential" } else { "-concurrent" },
+            if !sequential && !ahead { "-no-read-ahead" } else { "" },
             if multi { "-multi-thread" } else { "" }
         ),
         "resources": resources.len(),
@@ -171,7 +195,12 @@ async fn run(multi: bool) {
         "gather_s": gather_s,
         "shutdown_s": shutdown_s,
         "client_cpu_read_s": client_cpu_read_s,
-        "mode": format!("{}{}", if sequential { "sequential" } else { "concurrent-256" }, if multi { ", multi-thread" } else { "" }),
+        "mode": format!(
+            "{}{}{}",
+            if sequential { "sequential" } else { "concurrent" },
+            if ahead { ", read-ahead" } else { "" },
+            if multi { ", multi-thread" } else { "" }
+        ),
         "pages": serde_json::Value::Null,
         "protocol": protocol,
         "encoding": "o200k_base",

@@ -460,7 +460,8 @@ fn parse_digest(hex: &str) -> Option<[u8; 32]> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawServer {
-    #[serde(default, rename = "type", alias = "transportType")]
+    /// `type: sse` (also `transport: sse`, and Cline's `transportType`).
+    #[serde(default, rename = "type", alias = "transportType", alias = "transport")]
     kind: Option<String>,
     command: Option<String>,
     #[serde(default)]
@@ -493,6 +494,7 @@ struct RawServer {
 const SERVER_KEYS: &[&str] = &[
     "type",
     "transportType",
+    "transport",
     "command",
     "args",
     "env",

@@ -249,8 +249,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     server_of(config.clone(), id).map(drop)?;
                 }
             }
+            // One build for one user: what the policy lets them see is read
+            // while the servers list (all of it is read for that build anyway).
+            let connect = async {
+                match &selection {
+                    None => McpContext::from_config_for_user(&config, &user).await,
+                    Some(_) => McpContext::from_config(&config).await,
+                }
+            };
             let ctx = tokio::select! {
-                ctx = McpContext::from_config(&config) => ctx?,
+                ctx = connect => ctx?,
                 code = signalled() => return Ok(code),
             };
             let servers = config.servers.len();

@@ -177,24 +177,38 @@ impl McpContext {
     /// Loads the policy named by the config (failing closed on any policy
     /// error), then connects to every server.
     pub async fn from_config(config: &Config) -> Result<Self> {
-        // Parsing and compiling an organisation's policy is CPU work: keep it off the runtime.
-        let policy = match config.policy.clone() {
-            Some(p) => tokio::task::spawn_blocking(move || Policy::load(&p))
-                .await
-                .map_err(|e| Error::Other(format!("policy loading failed: {e}")))??,
-            None => Policy::allow_all(),
-        };
+        let policy = load_policy(config).await?;
         Ok(Self::with_policy(config, policy).await)
+    }
+
+    /// Like [`McpContext::from_config`], made for a first build for `user`
+    /// (a one-shot command such as `preview`): while the servers list, the
+    /// resources of each page that the policy lets `user` see (its decision
+    /// and the audience rule, as a build applies them, before any read) are
+    /// read at once instead of after the last page. The next
+    /// [`McpContext::build`] takes those reads; whatever it did not take is
+    /// then cancelled and dropped. At network latency this overlaps a cold
+    /// gather's listing with its reads (BENCHMARKS.md, "Remote servers").
+    pub async fn from_config_for_user(config: &Config, user: &str) -> Result<Self> {
+        let policy = load_policy(config).await?;
+        let up = policy.for_user(user);
+        let decide = move |r: &Resource| up.decide(r).allowed && !r.is_user_only();
+        let hub = Hub::connect_reading_ahead(config, decide);
+        Ok(Self::assemble(config, policy, hub).await)
     }
 
     /// Like [`McpContext::from_config`] with a policy given directly.
     pub async fn with_policy(config: &Config, policy: Policy) -> Self {
+        Self::assemble(config, policy, Hub::connect(config)).await
+    }
+
+    async fn assemble(config: &Config, policy: Policy, hub: impl std::future::Future<Output = Hub>) -> Self {
         // Build the tokenizer once, off the runtime (0.2-0.7 s the first time).
         let model = config.context.model.clone();
         let warm = tokio::task::spawn_blocking(move || {
             let _ = Tokenizer::for_model(&model);
         });
-        let hub = Hub::connect(config).await;
+        let hub = hub.await;
         let _ = warm.await;
         let cache = ContentCache::new(hub.clone(), config);
         Self {
@@ -302,7 +316,10 @@ impl McpContext {
     /// Builds the context message for a request. `Ok((None, report))` when
     /// nothing is to be injected (the report says why).
     pub async fn build(&self, req: &ContextRequest) -> Result<(Option<ContextMessage>, Report)> {
-        self.build_for(req, req.query.as_deref().map(Query::text)).await
+        let built = self.build_for(req, req.query.as_deref().map(Query::text)).await;
+        // Reads started ahead serve the first build only.
+        self.hub.stop_reading_ahead();
+        built
     }
 
     /// [`McpContext::build`] ranking by `query` in relevance mode when the
@@ -314,7 +331,9 @@ impl McpContext {
         req: &ContextRequest,
         query: Option<Query>,
     ) -> Result<(Option<ContextMessage>, Report)> {
-        self.build_for(req, req.query.as_deref().map(Query::text).or(query)).await
+        let built = self.build_for(req, req.query.as_deref().map(Query::text).or(query)).await;
+        self.hub.stop_reading_ahead();
+        built
     }
 
     /// [`McpContext::build`] ranking by `query` (relevance mode).
@@ -666,4 +685,16 @@ const TOKENIZER_MEMO_MODELS: usize = 32;
 
 fn ms(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// The policy the config names (failing closed on any policy error), or
+/// allow-all when it names none.
+async fn load_policy(config: &Config) -> Result<Policy> {
+    // Parsing and compiling an organisation's policy is CPU work: keep it off the runtime.
+    match config.policy.clone() {
+        Some(p) => tokio::task::spawn_blocking(move || Policy::load(&p))
+            .await
+            .map_err(|e| Error::Other(format!("policy loading failed: {e}")))?,
+        None => Ok(Policy::allow_all()),
+    }
 }

@@ -158,7 +158,11 @@ pub(super) async fn connect_one(shared: &Arc<Shared>, s: &Server, restart: bool)
                     tracing::warn!(server = %s.cfg.name, error = %e, "subscriptions/listen failed");
                 }
             };
-            let (listing, ()) = tokio::join!(list_server(&s.cfg, &live), listen);
+            // Reads ahead start from each page of a first listing (`ahead`).
+            let hub = super::Hub { shared: shared.clone() };
+            let read_ahead = |page: &[Arc<crate::resource::Resource>]| hub.read_ahead(page);
+            let on_page = (!restart && shared.ahead.active()).then_some(&read_ahead as &super::list::OnPage);
+            let (listing, ()) = tokio::join!(list_server(&s.cfg, &live, on_page), listen);
             super::list::schedule_relist(shared, &s.cfg.name, &live, &listing);
             if s.listed(&live, listing, Some(ms(started.elapsed() - connected))) {
                 shared.generation.fetch_add(1, Ordering::SeqCst);

@@ -10,6 +10,8 @@
 //! - `convert`: rmcp's wire types turned into ours (no rmcp type leaves
 //!   this module);
 //! - `listen`: `subscriptions/listen` on 2026-07-28 connections;
+//! - `ahead`: reads started while the first listing goes on, for a hub
+//!   made with [`Hub::connect_reading_ahead`];
 //! - `server`: the per-server state.
 //!
 //! Each server lives in its own slot. A server that fails to start
@@ -35,6 +37,7 @@
 //! response cache is off on every connection: the content cache (`cache.rs`)
 //! honours `ttlMs` and `cacheScope` per user.
 
+mod ahead;
 mod connect;
 mod convert;
 mod list;
@@ -149,6 +152,7 @@ struct Shared {
     closed: AtomicBool,
     /// Bumped whenever any server's listing is replaced.
     generation: AtomicU64,
+    ahead: ahead::ReadAhead,
 }
 
 /// Connections to every configured server. Cheap to clone; all clones share
@@ -166,6 +170,37 @@ impl Hub {
     /// own timeout, and lists their resources and templates. Never fails:
     /// servers that cannot be used are in [`Hub::failures`].
     pub async fn connect(config: &Config) -> Hub {
+        Self::connect_with(config, None).await
+    }
+
+    /// Like [`Hub::connect`], and while each server lists, the resources of
+    /// every page that `decide` allows are read at once, alongside the next
+    /// page, instead of after the last one: at network latency, a cold
+    /// gather overlaps its listing with its reads. `decide` sees each
+    /// resource before any read of it (give it the policy's decision for
+    /// the user the reads are for). The results wait for [`Hub::read`] to
+    /// ask for them, once each; [`Hub::stop_reading_ahead`] drops the rest.
+    /// Only the first listing reads ahead.
+    pub async fn connect_reading_ahead(
+        config: &Config,
+        decide: impl Fn(&Resource) -> bool + Send + Sync + 'static,
+    ) -> Hub {
+        Self::connect_with(config, Some(Arc::new(decide))).await
+    }
+
+    /// Ends reading ahead (see [`Hub::connect_reading_ahead`]): reads nobody
+    /// took are cancelled and their results dropped. Idempotent; a no-op on
+    /// a hub that does not read ahead.
+    pub fn stop_reading_ahead(&self) {
+        self.shared.ahead.stop();
+    }
+
+    /// Reads started ahead that no [`Hub::read`] took yet.
+    pub fn reads_ahead(&self) -> usize {
+        self.shared.ahead.pending()
+    }
+
+    async fn connect_with(config: &Config, decide: Option<ahead::Decide>) -> Hub {
         let (events, _) = broadcast::channel(1024);
         let (relist_tx, relist_rx) = tokio::sync::mpsc::unbounded_channel();
         let servers: Vec<Server> = config.servers.iter().map(Server::new).collect();
@@ -178,6 +213,7 @@ impl Hub {
             relist_tx,
             closed: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            ahead: ahead::ReadAhead::new(decide),
         });
         join_all(shared.servers.iter().map(|s| async {
             if !connect_one(&shared, s, false).await {
@@ -342,7 +378,27 @@ impl Hub {
     /// This is the operator's raw read (the `read` command): no policy, no
     /// gate. Anything that reads for a user goes through [`crate::admit`]
     /// and the policy first, as [`crate::McpContext`] does.
+    ///
+    /// On a hub that reads ahead, a read already started for `id` is taken
+    /// (and awaited) instead of a new one.
     pub async fn read(&self, id: &ResourceId) -> Result<Contents> {
+        if let Some(started) = self.shared.ahead.take(id)
+            && let Ok(result) = started.await
+        {
+            return result;
+        }
+        self.read_now(id).await
+    }
+
+    /// The offer of one listed page to the read-ahead.
+    fn read_ahead(&self, page: &[Arc<Resource>]) {
+        self.shared.ahead.page(page, |id| {
+            let hub = self.clone();
+            async move { hub.read_now(&id).await }
+        });
+    }
+
+    async fn read_now(&self, id: &ResourceId) -> Result<Contents> {
         let server = self.server(&id.server)?;
         let live = self.live(server).await?;
         let _global = self.shared.reads.acquire().await.map_err(|_| closed(server, id))?;
@@ -397,6 +453,7 @@ impl Hub {
     /// the process group, wait, SIGKILL it. Idempotent.
     pub async fn close(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.ahead.stop();
         if let Ok(mut t) = self.shared.relist_task.lock()
             && let Some(t) = t.take()
         {
@@ -414,7 +471,7 @@ impl Hub {
     pub async fn relist(&self, server: &str) -> Result<()> {
         let s = self.server(server)?;
         let live = self.live(s).await?;
-        let listing = list_server(&s.cfg, &live).await;
+        let listing = list_server(&s.cfg, &live, None).await;
         list::schedule_relist(&self.shared, server, &live, &listing);
         // Not stored if the connection was replaced meanwhile: its own
         // connect listed it already.

@@ -16,6 +16,7 @@ mod gate;
 mod hosts;
 mod hub;
 mod inject;
+mod latency;
 mod memory;
 mod policy;
 mod protocol;

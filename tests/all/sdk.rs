@@ -132,23 +132,74 @@ async fn typescript_sdk_server_forced_to_2025_11_25() {
 /// tests/python-mcp/server.py on the SDK's legacy HTTP+SSE transport
 /// (`SseServerTransport` under uvicorn), and the port it listens on.
 async fn python_sse_server(py: &Path, dir: &Path) -> (tokio::process::Child, u16) {
-    let port_file = dir.join("port");
+    python_http_server(py, dir, "--sse-port-file", &[]).await
+}
+
+/// tests/python-mcp/server.py listening on a free port, `mode` its
+/// `--sse-port-file` or `--http-port-file` flag, with `extra` arguments.
+async fn python_http_server(py: &Path, dir: &Path, mode: &str, extra: &[&str]) -> (tokio::process::Child, u16) {
+    let port_file = dir.join(format!("port{mode}"));
     let (log, live) = live_files(dir);
     let child = tokio::process::Command::new(py)
         .arg(Path::new(ROOT).join("tests/python-mcp/server.py"))
         .args(["--n", "5", "--record", log.to_str().unwrap(), "--live", live.to_str().unwrap()])
-        .arg("--sse-port-file")
+        .args(extra)
+        .arg(mode)
         .arg(&port_file)
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    for _ in 0..200 {
+    for _ in 0..600 {
         if let Ok(p) = std::fs::read_to_string(&port_file) {
             return (child, p.trim().parse().unwrap());
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    panic!("the Python SSE server did not start");
+    panic!("the Python server ({mode}) did not start");
+}
+
+/// Every listed resource of `hub`'s one server, read and rendered, by URI.
+async fn everything(hub: &mcp_context::Hub) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for r in hub.resources() {
+        let c = hub.read(&r.id).await.unwrap_or_else(|e| panic!("{}: {e}", r.id));
+        out.push((r.id.uri.clone(), mcp_context::render_text(&c, r.mime_type.as_deref())));
+    }
+    out
+}
+
+/// The same SDK server over the legacy HTTP+SSE transport (`transport:
+/// sse`, the other spelling) and over Streamable HTTP: the same listing and
+/// the same contents, a 1.5 MB text in one SSE event included.
+#[tokio::test]
+async fn python_sdk_server_same_over_sse_and_streamable_http() {
+    let Some(py) = python() else {
+        return skip(
+            "python_sdk_server_same_over_sse_and_streamable_http",
+            "no target/py-mcp venv with `mcp` (see .ci/run)",
+        );
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let big = ["--big", "1500000"];
+    let (_sse, sse_port) = python_http_server(&py, dir.path(), "--sse-port-file", &big).await;
+    let (_http, http_port) = python_http_server(&py, dir.path(), "--http-port-file", &big).await;
+    let over = |spelling: &str, url: String| {
+        format!(
+            "context:\n  max_resource_bytes: 4000000\nservers:\n  s:\n    {spelling}\n    url: {url}\n    timeout_ms: 20000\n"
+        )
+    };
+    let sse =
+        mcp_context::Hub::connect(&config(&over("transport: sse", format!("http://127.0.0.1:{sse_port}/sse")))).await;
+    let http =
+        mcp_context::Hub::connect(&config(&over("type: http", format!("http://127.0.0.1:{http_port}/mcp")))).await;
+    assert!(sse.failures().is_empty() && http.failures().is_empty(), "{:?} {:?}", sse.failures(), http.failures());
+    let (a, b) = (everything(&sse).await, everything(&http).await);
+    assert_eq!(a.len(), 8, "{:?}", a.iter().map(|x| &x.0).collect::<Vec<_>>());
+    let big = a.iter().find(|(u, _)| u == "fx://big").map(|(_, t)| t.len());
+    assert_eq!(big, Some(1_500_000));
+    assert!(a == b, "the two transports disagree");
+    sse.close().await;
+    http.close().await;
 }
 
 #[tokio::test]

@@ -33,6 +33,11 @@ parser.add_argument("--private", action="store_true")
 # `GET /sse` and `POST /messages/` on 127.0.0.1, a free port written to
 # this file once listening.
 parser.add_argument("--sse-port-file")
+# Streamable HTTP (`/mcp`, the SDK's own app) on 127.0.0.1, a free port
+# written to this file: the same server, to compare transports.
+parser.add_argument("--http-port-file")
+# One more resource, `fx://big`, of this many bytes of text (large SSE events).
+parser.add_argument("--big", type=int, default=0)
 args = parser.parse_args()
 
 bus = InMemorySubscriptionBus()
@@ -59,7 +64,14 @@ def listing() -> list:
     if args.live:
         items.append(types.Resource(uri="fx://live", name="live", mime_type="text/plain"))
     items.append(types.Resource(uri="fx://blob", name="blob", mime_type="image/png"))
+    if args.big:
+        items.append(types.Resource(uri="fx://big", name="big", mime_type="text/plain"))
     return items
+
+
+def big_text() -> str:
+    line = "The quick brown fox jumps over the lazy dog 0123456789.\n"
+    return (line * (args.big // len(line) + 1))[: args.big]
 
 
 async def list_resources(ctx, params):
@@ -80,6 +92,8 @@ async def read_resource(ctx, params):
         contents = [types.TextResourceContents(uri=uri, mime_type="text/plain", text=f"Document {uri[9:]}. ")]
     elif uri == "fx://live" and args.live:
         contents = [types.TextResourceContents(uri=uri, mime_type="text/plain", text=live_text())]
+    elif uri == "fx://big" and args.big:
+        contents = [types.TextResourceContents(uri=uri, mime_type="text/plain", text=big_text())]
     elif uri == "fx://blob":
         contents = [types.BlobResourceContents(uri=uri, mime_type="image/png", blob="iVBORw0KGgo=")]
     else:
@@ -147,9 +161,6 @@ async def main() -> None:
 
 
 async def main_sse() -> None:
-    import socket
-
-    import uvicorn
     from mcp.server.sse import SseServerTransport
     from starlette.applications import Starlette
     from starlette.responses import Response
@@ -166,16 +177,28 @@ async def main_sse() -> None:
     app = Starlette(
         routes=[Route("/sse", endpoint=handle_sse, methods=["GET"]), Mount("/messages/", app=sse.handle_post_message)]
     )
+    await serve_on_free_port(app, args.sse_port_file)
+
+
+async def serve_on_free_port(app, port_file: str) -> None:
+    import os
+    import socket
+
+    import uvicorn
+
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    with open(args.sse_port_file + ".tmp", "w") as f:
+    with open(port_file + ".tmp", "w") as f:
         f.write(str(sock.getsockname()[1]))
-    import os
-
-    os.replace(args.sse_port_file + ".tmp", args.sse_port_file)
+    os.replace(port_file + ".tmp", port_file)
     config = uvicorn.Config(app, log_level="warning")
     await uvicorn.Server(config).serve(sockets=[sock])
 
 
-anyio.run(main_sse if args.sse_port_file else main)
+async def main_http() -> None:
+    app = server.streamable_http_app(host="127.0.0.1")
+    await serve_on_free_port(app, args.http_port_file)
+
+
+anyio.run(main_sse if args.sse_port_file else main_http if args.http_port_file else main)
