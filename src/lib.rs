@@ -17,7 +17,7 @@
 //!     .model("gpt-4o")
 //!     .messages([async_openai::types::chat::ChatCompletionRequestUserMessage::from("hi").into()])
 //!     .build()
-//!     .map_err(mcp_context::Error::OpenAI)?;
+//!     .map_err(mcp_context::Error::from)?;
 //! let (request, report) = ctx.inject(request, "alice").await?;
 //! println!("{} tokens of context", report.tokens);
 //! ctx.close().await;
@@ -72,12 +72,16 @@ pub use config::{
 };
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
+/// A URL as messages and logs may show it: no credentials, query or fragment.
+/// Public for the `serve` proxy, a binary until it becomes a library module.
+#[doc(hidden)]
+pub use cause::redact_url;
 pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
 pub use hub::{Hub, HubEvent, ServerStatus};
 pub use id::{MAX_USER_NAME_BYTES, ResourceId, user_name_problem};
 pub use inject::{
     INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
-    inject_message, inject_message_json, is_context_message, is_context_message_json, latest_user_text_json,
+    inject_message, inject_message_json, is_context_message, is_context_message_json,
 };
 pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use relevance::{

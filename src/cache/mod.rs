@@ -146,7 +146,7 @@ pub(crate) fn entry_bytes(contents: &Contents, user: &str) -> usize {
 }
 
 /// A read in flight: the contents, and where they came from.
-type Flight = Shared<BoxFuture<'static, std::result::Result<(Arc<Contents>, Origin), Arc<Error>>>>;
+type Flight = Shared<BoxFuture<'static, std::result::Result<(Arc<Contents>, Origin), Error>>>;
 
 #[derive(Default)]
 struct State {
@@ -510,7 +510,7 @@ impl ContentCache {
                 Err(e) => or_stale(e),
             },
             Ok((c, origin)) => Ok(CachedRead { contents: c, stale: false, origin }),
-            Err(e) => or_stale(e.duplicate()),
+            Err(e) => or_stale(e),
         }
     }
 
@@ -539,7 +539,7 @@ impl ContentCache {
             };
             let mut s = lock(&state);
             s.inflight.remove(&id);
-            let contents = Arc::new(result.map_err(Arc::new)?);
+            let contents = Arc::new(result?);
             let current = s.generation.get(&id).copied().unwrap_or(0) == generation;
             let hint_ttl = contents.ttl_ms.map(Duration::from_millis);
             let cacheable = enabled && current && hint_ttl != Some(Duration::ZERO);
