@@ -30,8 +30,6 @@
 //! one gate (`gate`: [`admit`]) before the policy decides on it; `client` wraps async-openai and
 //! `tools` offers the model-driven path.
 
-#![warn(missing_docs)]
-
 /// The async-openai this crate is built against, so that request and message
 /// types match ours exactly.
 pub use async_openai;
@@ -63,6 +61,10 @@ mod tools;
 mod yaml;
 
 pub use budget::{TokenCache, Tokenizer};
+/// A URL as messages and logs may show it: no credentials, query or fragment.
+/// Public for the `serve` proxy, a binary until it becomes a library module.
+#[doc(hidden)]
+pub use cause::redact_url;
 pub use client::{ContextClient, ToolLoop};
 pub use config::{
     CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_KEY_PREFIX,
@@ -72,10 +74,6 @@ pub use config::{
 };
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
-/// A URL as messages and logs may show it: no credentials, query or fragment.
-/// Public for the `serve` proxy, a binary until it becomes a library module.
-#[doc(hidden)]
-pub use cause::redact_url;
 pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
 pub use hub::{Hub, HubEvent, ServerStatus};
 pub use id::{MAX_USER_NAME_BYTES, ResourceId, user_name_problem};

@@ -20,6 +20,9 @@ use clap::{Parser, Subcommand};
 use mcp_context::{Config, ContextRequest, Hub, McpContext, Policy, ResourceId, Via, render_text};
 
 #[cfg(feature = "serve")]
+// Its items are `pub` for the day it becomes a library module (issue 32,
+// part A, decides that API); until then the binary is their only user.
+#[allow(unreachable_pub)]
 mod serve;
 
 /// Give LLM calls the context your MCP servers hold.
@@ -255,7 +258,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 code = signalled() => return Ok(code),
             };
             let servers = config.servers.len();
-            let result = interruptible(&ctx, async {
+            let result = interruptible(async {
                 let req = ContextRequest { user: user.clone(), selection, budget, model, query, select: mode };
                 let (message, report) = ctx.build(&req).await?;
                 let mut out = std::io::stdout().lock();
@@ -416,7 +419,8 @@ fn is_down(hub: &Hub, server: &str) -> bool {
     !hub.is_connected(server) || hub.status().iter().any(|s| s.name == server && s.failed())
 }
 
-async fn interruptible<F>(_ctx: &McpContext, f: F) -> anyhow::Result<ExitCode>
+/// `f`, or the exit code of a signal that came first.
+async fn interruptible<F>(f: F) -> anyhow::Result<ExitCode>
 where
     F: std::future::Future<Output = anyhow::Result<ExitCode>>,
 {

@@ -26,6 +26,9 @@
 //! layer is fuzzed (proptest over random bytes and over YAML punctuation,
 //! below): no input panics, and every problem is located inside the text.
 
+// libyaml is a C library: its parser is driven through FFI (see above).
+#![allow(unsafe_code)]
+
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
