@@ -186,12 +186,16 @@ pub(crate) fn one_line(s: &str, max: usize) -> String {
 
 /// Strips userinfo and the query from a URL before it is logged or reported.
 pub fn redact_url(url: &str) -> String {
-    let Ok(mut parsed) = url::Url::parse(url) else {
-        // Not a URL (a config typo, an unexpanded value): nothing of it is
-        // shown past an `@`, `?` or `#`, where credentials could be.
-        let cut = url.find(['@', '?', '#']).unwrap_or(url.len());
-        let shown = &url[..cut];
-        return if cut < url.len() && url[cut..].starts_with('@') { format!("***@{}", redact_url(&url[cut + 1..])) } else { shown.to_owned() };
+    let parsed = url::Url::parse(url).ok().filter(|u| !u.cannot_be_a_base());
+    let Some(mut parsed) = parsed else {
+        // Not a URL with a host (a config typo, `user:pw@host` without a
+        // scheme, an unexpanded value): nothing before an `@` is shown, nor
+        // anything past a `?` or `#`.
+        let shown = &url[..url.find(['?', '#']).unwrap_or(url.len())];
+        return match shown.rfind('@') {
+            Some(at) => format!("***@{}", &shown[at + 1..]),
+            None => shown.to_owned(),
+        };
     };
     if !parsed.username().is_empty() || parsed.password().is_some() {
         // Fails only for URLs that cannot carry credentials at all.

@@ -315,8 +315,13 @@ impl SharedCache {
     pub(crate) fn start(config: &Config, remote: mpsc::UnboundedSender<Remote>) -> Result<Arc<Self>> {
         let settings = config.cache.clone();
         let redacted_url = redact_url(settings.url.expose_secret());
-        let config_error =
-            |message: String| Error::Config { path: config.path.clone(), line: None, column: None, message, more: Vec::new() };
+        let config_error = |message: String| Error::Config {
+            path: config.path.clone(),
+            line: None,
+            column: None,
+            message,
+            more: Vec::new(),
+        };
         let client = match &settings.ca_file {
             None => redis::Client::open(settings.url.expose_secret()),
             Some(f) => {

@@ -106,7 +106,6 @@ impl Default for CacheSettings {
     }
 }
 
-
 /// Validates the `cache:` section: `${VAR}` in `url` (credentials belong
 /// in the environment), the URL's scheme, positive durations, and that this
 /// build has the Redis backend.
@@ -175,4 +174,3 @@ pub(super) fn settings(
         private_max_bytes: raw.private_max_bytes.unwrap_or(d.private_max_bytes),
     })
 }
-

@@ -119,4 +119,3 @@ fn builtin_var(var: &str) -> Option<String> {
         _ => None,
     }
 }
-

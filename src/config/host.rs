@@ -132,4 +132,3 @@ pub(super) fn host_view<'a>(root: Node<'a>, path: &Path) -> Node<'a> {
         .collect();
     Node { kind: yaml::Kind::Map(top), ..root }
 }
-

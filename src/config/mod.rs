@@ -40,16 +40,16 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use self::cache::RawCache;
 pub use self::cache::{CacheBackend, CacheSettings, DEFAULT_KEY_PREFIX, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL};
 pub use self::context::{ContextSettings, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_WARM_MEMO_MAX_BYTES, MessageRole};
+use self::env::Expander;
+use self::serve::RawServe;
 pub use self::serve::{
     DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_UPSTREAM, KeyDigest, PassthroughRule, ServeSettings, UpstreamUser,
 };
-pub use self::servers::{Protocol, ServerConfig, Transport};
-use self::cache::RawCache;
-use self::env::Expander;
-use self::serve::RawServe;
 use self::servers::RawServer;
+pub use self::servers::{Protocol, ServerConfig, Transport};
 use crate::error::{Error, Result};
 pub(crate) use crate::relevance::SelectMode;
 use crate::yaml::{self, Lenient, Node, OrderedMap, Pos, Problems};
@@ -251,19 +251,21 @@ impl Config {
         context::check(&context, &root, &mut found);
         let serve = match raw.serve.0.flatten() {
             None => ServeSettings::default(),
-            Some(raw) => serve::settings(raw, root.get("serve").unwrap_or(&root), path, &base, env)
-                .unwrap_or_else(|e| {
+            Some(raw) => {
+                serve::settings(raw, root.get("serve").unwrap_or(&root), path, &base, env).unwrap_or_else(|e| {
                     found.push(e);
                     ServeSettings::default()
-                }),
+                })
+            }
         };
         let cache = match raw.cache.0.flatten() {
             None => CacheSettings::default(),
-            Some(raw) => cache::settings(raw, root.get("cache").unwrap_or(&root), path, &base, env)
-                .unwrap_or_else(|e| {
+            Some(raw) => {
+                cache::settings(raw, root.get("cache").unwrap_or(&root), path, &base, env).unwrap_or_else(|e| {
                     found.push(e);
                     CacheSettings::default()
-                }),
+                })
+            }
         };
         found.finish()?;
         Ok(Config { path: path.to_owned(), servers, policy: raw.policy.map(|p| base.join(p)), context, serve, cache })
@@ -274,4 +276,3 @@ impl Config {
         self.servers.iter().find(|s| s.name == name)
     }
 }
-

@@ -49,7 +49,6 @@ pub(super) struct RawServe {
     max_stored_records: Option<usize>,
 }
 
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawKey {
@@ -134,7 +133,6 @@ pub struct KeyDigest {
     /// The policy user the key stands for.
     pub user: String,
 }
-
 
 /// The `serve:` section: how `mcp-context serve` listens, whom it forwards
 /// to, and how it tells callers apart. Read by the `serve` command only; the
@@ -231,7 +229,6 @@ impl Default for ServeSettings {
     }
 }
 
-
 /// Parses a 64-digit hex SHA-256 digest.
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
     let hex = hex.trim();
@@ -310,9 +307,8 @@ pub(super) fn settings(
         let items = root.as_ref().map_or(&[][..], |r| r.items());
         for (i, k) in list.into_iter().enumerate() {
             let pos = items.get(i).map(|n| n.get("sha256").unwrap_or(n).pos);
-            let sha256 = parse_digest(&k.sha256).ok_or_else(|| {
-                file_err(pos, format!("`{}` is not a SHA-256 hex digest (64 hex digits)", k.sha256))
-            })?;
+            let sha256 = parse_digest(&k.sha256)
+                .ok_or_else(|| file_err(pos, format!("`{}` is not a SHA-256 hex digest (64 hex digits)", k.sha256)))?;
             if let Some(problem) = user_name_problem(&k.user) {
                 let pos = items.get(i).map(|n| n.get("user").unwrap_or(n).pos);
                 return Err(file_err(pos, problem));
@@ -432,4 +428,3 @@ pub(super) fn settings(
         )? as usize,
     })
 }
-

@@ -11,7 +11,9 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use super::env::{Expander, unexpanded};
-use super::{DEFAULT_CACHE_TTL_MS, DEFAULT_MAX_CONCURRENT_READS, DEFAULT_MAX_CONCURRENT_READS_HTTP, DEFAULT_TIMEOUT_MS};
+use super::{
+    DEFAULT_CACHE_TTL_MS, DEFAULT_MAX_CONCURRENT_READS, DEFAULT_MAX_CONCURRENT_READS_HTTP, DEFAULT_TIMEOUT_MS,
+};
 use crate::cause::redact_url;
 use crate::error::{Error, Result};
 use crate::id::validate_server_name;
@@ -233,162 +235,152 @@ pub(super) fn server(cx: &Cx<'_>, name: String, s: &RawServer) -> Result<Option<
             err(line, column, format!("server `{server}`: {}", unexpanded(&token)))
         })
     };
-        // Where the server is named: its key, as the parser saw it.
-        let server_node = servers_node.and_then(|n| n.get(&name));
-        let (at, at_col) = at(servers_node.and_then(|n| n.key_at(&name, 0)).map(|k| k.pos));
-        validate_server_name(&name).map_err(|m| err(at, at_col, format!("invalid server name: {m}")))?;
-        if s.disabled {
-            return Ok(None);
+    // Where the server is named: its key, as the parser saw it.
+    let server_node = servers_node.and_then(|n| n.get(&name));
+    let (at, at_col) = at(servers_node.and_then(|n| n.key_at(&name, 0)).map(|k| k.pos));
+    validate_server_name(&name).map_err(|m| err(at, at_col, format!("invalid server name: {m}")))?;
+    if s.disabled {
+        return Ok(None);
+    }
+    let transport = match (&s.command, &s.url) {
+        (Some(_), Some(_)) => {
+            return Err(err(at, at_col, format!("server `{name}` has both `command` and `url`; keep one")));
         }
-        let transport = match (&s.command, &s.url) {
-            (Some(_), Some(_)) => {
-                return Err(err(at, at_col, format!("server `{name}` has both `command` and `url`; keep one")));
-            }
-            (None, None) => {
+        (None, None) => {
+            return Err(err(at, at_col, format!("server `{name}` needs `command` (stdio) or `url` (Streamable HTTP)")));
+        }
+        (Some(cmd), None) => {
+            if let Some(k) = s.kind.as_deref().filter(|k| *k != "stdio") {
                 return Err(err(
                     at,
                     at_col,
-                    format!("server `{name}` needs `command` (stdio) or `url` (Streamable HTTP)"),
+                    format!("server `{name}` has `command` but `type: {k}`; use `type: stdio`"),
                 ));
             }
-            (Some(cmd), None) => {
-                if let Some(k) = s.kind.as_deref().filter(|k| *k != "stdio") {
-                    return Err(err(
-                        at,
-                        at_col,
-                        format!("server `{name}` has `command` but `type: {k}`; use `type: stdio`"),
-                    ));
-                }
-                if !s.headers.is_empty() {
-                    return Err(err(at, at_col, format!("server `{name}`: `headers` only apply to `url` servers")));
-                }
-                let command = expand(cmd, &name)?;
-                let command = if command.contains('/') && Path::new(&command).is_relative() {
-                    cx.abs_base.join(&command).to_string_lossy().into_owned()
-                } else {
-                    command
-                };
-                let mut env_out = BTreeMap::new();
-                for (k, v) in &s.env {
-                    env_out.insert(k.clone(), expand(v, &name)?);
-                }
-                if let Some(file) = &s.env_file {
-                    let file = cx.abs_base.join(expand(file, &name)?);
-                    let value = server_node.and_then(|n| n.get("envFile"));
-                    let (line, column) = value.map_or((at, at_col), |v| (Some(v.pos.line), Some(v.pos.column)));
-                    let vars = dotenvy::from_path_iter(&file)
-                        .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>());
-                    let vars = vars.map_err(|e| {
-                        err(line, column, format!("server `{name}`: cannot read envFile `{}`: {e}", file.display()))
-                    })?;
-                    for (k, v) in vars {
-                        cx.expander.record(&v);
-                        // `env` wins over the file, as in VS Code.
-                        env_out.entry(k).or_insert(v);
-                    }
-                }
-                let cwd = match s.cwd.as_deref() {
-                    Some(c) => cx.abs_base.join(expand(c, &name)?),
-                    None => cx.abs_base.to_path_buf(),
-                };
-                Transport::Stdio {
-                    command,
-                    command_display: cmd.clone(),
-                    args: s.args.iter().map(|a| expand(a, &name)).collect::<Result<_>>()?,
-                    env: env_out,
-                    inherit_env: s.inherit_env.clone(),
-                    cwd: Some(cwd),
+            if !s.headers.is_empty() {
+                return Err(err(at, at_col, format!("server `{name}`: `headers` only apply to `url` servers")));
+            }
+            let command = expand(cmd, &name)?;
+            let command = if command.contains('/') && Path::new(&command).is_relative() {
+                cx.abs_base.join(&command).to_string_lossy().into_owned()
+            } else {
+                command
+            };
+            let mut env_out = BTreeMap::new();
+            for (k, v) in &s.env {
+                env_out.insert(k.clone(), expand(v, &name)?);
+            }
+            if let Some(file) = &s.env_file {
+                let file = cx.abs_base.join(expand(file, &name)?);
+                let value = server_node.and_then(|n| n.get("envFile"));
+                let (line, column) = value.map_or((at, at_col), |v| (Some(v.pos.line), Some(v.pos.column)));
+                let vars = dotenvy::from_path_iter(&file).and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>());
+                let vars = vars.map_err(|e| {
+                    err(line, column, format!("server `{name}`: cannot read envFile `{}`: {e}", file.display()))
+                })?;
+                for (k, v) in vars {
+                    cx.expander.record(&v);
+                    // `env` wins over the file, as in VS Code.
+                    env_out.entry(k).or_insert(v);
                 }
             }
-            (None, Some(url)) => {
-                if let Some(k) = s.kind.as_deref().filter(|k| {
-                    !matches!(*k, "http" | "streamable-http" | "streamableHttp" | "streamable_http" | "sse")
-                }) {
-                    return Err(err(
-                        at,
-                        at_col,
-                        format!(
-                            "server `{name}`: `type: {k}` is not supported; use Streamable HTTP (`type: http`)"
-                        ),
-                    ));
-                }
-                if !s.args.is_empty() || !s.env.is_empty() || s.cwd.is_some() || s.env_file.is_some() {
-                    return Err(err(
-                        at,
-                        at_col,
-                        format!(
-                            "server `{name}`: `args`, `env`, `envFile` and `cwd` only apply to `command` servers"
-                        ),
-                    ));
-                }
-                let url = expand(url, &name)?;
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    // Point at the value as written.
-                    let value = server_node.and_then(|n| n.get("url").or_else(|| n.get("httpUrl")));
-                    let (line, column) = match value {
-                        Some(v) => (Some(v.pos.line), Some(v.pos.column)),
-                        None => (at, at_col),
-                    };
-                    return Err(err(
-                        line,
-                        column,
-                        format!(
-                            "server `{name}`: url must start with http:// or https:// (got `{}`)",
-                            redact_url(&url)
-                        ),
-                    ));
-                }
-                let mut headers = BTreeMap::new();
-                for (k, v) in &s.headers {
-                    headers.insert(k.clone(), expand(v, &name)?);
-                }
-                Transport::Http { url, headers, sse: s.kind.as_deref() == Some("sse") }
+            let cwd = match s.cwd.as_deref() {
+                Some(c) => cx.abs_base.join(expand(c, &name)?),
+                None => cx.abs_base.to_path_buf(),
+            };
+            Transport::Stdio {
+                command,
+                command_display: cmd.clone(),
+                args: s.args.iter().map(|a| expand(a, &name)).collect::<Result<_>>()?,
+                env: env_out,
+                inherit_env: s.inherit_env.clone(),
+                cwd: Some(cwd),
             }
-        };
-        let mut timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
-        // Cline writes `timeout` in seconds (60 by default), Gemini CLI in
-        // milliseconds (600000): under 1000 it can only be seconds.
-        if cx.host && timeout_ms < 1000 && server_node.is_some_and(|n| n.get("timeout").is_some()) {
-            timeout_ms *= 1000;
         }
-        if timeout_ms == 0 {
-            return Err(err(at, at_col, format!("server `{name}`: timeout_ms must be at least 1")));
-        }
-        let reads = s.max_concurrent_reads.unwrap_or(match transport {
-            Transport::Http { .. } => DEFAULT_MAX_CONCURRENT_READS_HTTP,
-            Transport::Stdio { .. } => DEFAULT_MAX_CONCURRENT_READS,
-        });
-        if reads == 0 {
-            return Err(err(at, at_col, format!("server `{name}`: max_concurrent_reads must be at least 1")));
-        }
-        let protocol = match s.protocol.as_deref() {
-            None => Protocol::Auto,
-            Some(p) => Protocol::parse(p).ok_or_else(|| {
+        (None, Some(url)) => {
+            if let Some(k) = s
+                .kind
+                .as_deref()
+                .filter(|k| !matches!(*k, "http" | "streamable-http" | "streamableHttp" | "streamable_http" | "sse"))
+            {
+                return Err(err(
+                    at,
+                    at_col,
+                    format!("server `{name}`: `type: {k}` is not supported; use Streamable HTTP (`type: http`)"),
+                ));
+            }
+            if !s.args.is_empty() || !s.env.is_empty() || s.cwd.is_some() || s.env_file.is_some() {
+                return Err(err(
+                    at,
+                    at_col,
+                    format!("server `{name}`: `args`, `env`, `envFile` and `cwd` only apply to `command` servers"),
+                ));
+            }
+            let url = expand(url, &name)?;
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
                 // Point at the value as written.
-                let (line, column) = match server_node.and_then(|n| n.get("protocol")) {
+                let value = server_node.and_then(|n| n.get("url").or_else(|| n.get("httpUrl")));
+                let (line, column) = match value {
                     Some(v) => (Some(v.pos.line), Some(v.pos.column)),
                     None => (at, at_col),
                 };
-                err(
+                return Err(err(
                     line,
                     column,
-                    format!("server `{name}`: protocol must be one of {} (got `{p}`)", Protocol::NAMES.join(", ")),
-                )
-            })?,
-        };
-        let mut server_secrets = cx.expander.take_secrets();
-        server_secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        server_secrets.dedup();
-        Ok(Some(ServerConfig {
-            secrets: Secrets(server_secrets.into_iter().map(SecretString::from).collect()),
-            name,
-            transport,
-            timeout: Duration::from_millis(timeout_ms),
-            max_concurrent_reads: reads,
-            cache: s.cache.unwrap_or(true),
-            cache_ttl: Duration::from_millis(s.cache_ttl_ms.unwrap_or(DEFAULT_CACHE_TTL_MS)),
-            serve_stale: s.serve_stale,
-            protocol,
-            unsupported: None,
-        }))
+                    format!("server `{name}`: url must start with http:// or https:// (got `{}`)", redact_url(&url)),
+                ));
+            }
+            let mut headers = BTreeMap::new();
+            for (k, v) in &s.headers {
+                headers.insert(k.clone(), expand(v, &name)?);
+            }
+            Transport::Http { url, headers, sse: s.kind.as_deref() == Some("sse") }
+        }
+    };
+    let mut timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+    // Cline writes `timeout` in seconds (60 by default), Gemini CLI in
+    // milliseconds (600000): under 1000 it can only be seconds.
+    if cx.host && timeout_ms < 1000 && server_node.is_some_and(|n| n.get("timeout").is_some()) {
+        timeout_ms *= 1000;
+    }
+    if timeout_ms == 0 {
+        return Err(err(at, at_col, format!("server `{name}`: timeout_ms must be at least 1")));
+    }
+    let reads = s.max_concurrent_reads.unwrap_or(match transport {
+        Transport::Http { .. } => DEFAULT_MAX_CONCURRENT_READS_HTTP,
+        Transport::Stdio { .. } => DEFAULT_MAX_CONCURRENT_READS,
+    });
+    if reads == 0 {
+        return Err(err(at, at_col, format!("server `{name}`: max_concurrent_reads must be at least 1")));
+    }
+    let protocol = match s.protocol.as_deref() {
+        None => Protocol::Auto,
+        Some(p) => Protocol::parse(p).ok_or_else(|| {
+            // Point at the value as written.
+            let (line, column) = match server_node.and_then(|n| n.get("protocol")) {
+                Some(v) => (Some(v.pos.line), Some(v.pos.column)),
+                None => (at, at_col),
+            };
+            err(
+                line,
+                column,
+                format!("server `{name}`: protocol must be one of {} (got `{p}`)", Protocol::NAMES.join(", ")),
+            )
+        })?,
+    };
+    let mut server_secrets = cx.expander.take_secrets();
+    server_secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    server_secrets.dedup();
+    Ok(Some(ServerConfig {
+        secrets: Secrets(server_secrets.into_iter().map(SecretString::from).collect()),
+        name,
+        transport,
+        timeout: Duration::from_millis(timeout_ms),
+        max_concurrent_reads: reads,
+        cache: s.cache.unwrap_or(true),
+        cache_ttl: Duration::from_millis(s.cache_ttl_ms.unwrap_or(DEFAULT_CACHE_TTL_MS)),
+        serve_stale: s.serve_stale,
+        protocol,
+        unsupported: None,
+    }))
 }

@@ -558,18 +558,29 @@ mod tests {
         assert!(!key.matches(&CompositionInputs { preamble: "P", ..key.inputs() }), "another preamble");
         assert!(!key.matches(&CompositionInputs { mode: SelectMode::Relevance, ..key.inputs() }), "another mode");
         let relevance = composition_key(&selection, &contents, SelectMode::Relevance);
-        assert!(!relevance.matches(&CompositionInputs { query: Some("other"), ..relevance.inputs() }), "a new question");
+        assert!(
+            !relevance.matches(&CompositionInputs { query: Some("other"), ..relevance.inputs() }),
+            "a new question"
+        );
         // The memo keeps the last few, one per distinct key.
         let memo = CompositionMemo::default();
         let composed = || {
-            Arc::new(Composed::from(Composition { content: None, tokens: 0, included: Vec::new(), dropped: Vec::new() }))
+            Arc::new(Composed::from(Composition {
+                content: None,
+                tokens: 0,
+                included: Vec::new(),
+                dropped: Vec::new(),
+            }))
         };
         memo.put(composition_key(&selection, &contents, SelectMode::Priority), composed());
         memo.put(composition_key(&selection, &contents, SelectMode::Priority), composed());
         assert_eq!(memo.entries.lock().unwrap().len(), 1);
         assert!(memo.find(&key.inputs()).is_some());
         for budget in 0..COMPOSITION_MEMO_SIZE {
-            memo.put(CompositionKey { budget, ..composition_key(&selection, &contents, SelectMode::Priority) }, composed());
+            memo.put(
+                CompositionKey { budget, ..composition_key(&selection, &contents, SelectMode::Priority) },
+                composed(),
+            );
         }
         assert!(memo.find(&key.inputs()).is_none(), "pushed out by newer ones");
     }

@@ -179,9 +179,9 @@ impl McpContext {
     pub async fn from_config(config: &Config) -> Result<Self> {
         // Parsing and compiling an organisation's policy is CPU work: keep it off the runtime.
         let policy = match config.policy.clone() {
-            Some(p) => tokio::task::spawn_blocking(move || Policy::load(&p))
-                .await
-                .map_err(Error::task("policy loading"))??,
+            Some(p) => {
+                tokio::task::spawn_blocking(move || Policy::load(&p)).await.map_err(Error::task("policy loading"))??
+            }
             None => Policy::allow_all(),
         };
         Ok(Self::with_policy(config, policy).await)

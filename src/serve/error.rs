@@ -46,7 +46,6 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({
             "error": {"message": self.message, "type": self.kind, "param": null, "code": self.code}
         });
-        (self.status, axum::Json(body))
-            .into_response()
+        (self.status, axum::Json(body)).into_response()
     }
 }

@@ -401,7 +401,12 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     let query = mcp_context::Query::from_chat_json(&query_body);
     let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "context_failed", format!("The context could not be built: {e}"))
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "context_failed",
+            format!("The context could not be built: {e}"),
+        )
     })?;
     let content = message.as_ref().map(|m| m.content.as_str());
     match kind {
@@ -549,7 +554,9 @@ fn name_upstream_user(s: &ServeSettings, obj: &mut JsonObject, user: &str) {
         }
         match s.upstream_user {
             UpstreamUser::Identified => obj.set(k, raw(user)),
-            UpstreamUser::Pseudonym => obj.set(k, raw(&pseudonym(s.pseudonym_key.as_ref().map_or("", |k| k.expose_secret()), user))),
+            UpstreamUser::Pseudonym => {
+                obj.set(k, raw(&pseudonym(s.pseudonym_key.as_ref().map_or("", |k| k.expose_secret()), user)))
+            }
             UpstreamUser::Drop => obj.remove(k),
         }
     }
