@@ -252,8 +252,8 @@ impl Config {
         let serve = match raw.serve.0.flatten() {
             None => ServeSettings::default(),
             Some(raw) => {
-                serve::settings(raw, root.get("serve").unwrap_or(&root), path, &base, env).unwrap_or_else(|e| {
-                    found.push(e);
+                serve::settings(raw, root.get("serve").unwrap_or(&root), path, &base, env).unwrap_or_else(|problems| {
+                    problems.into_iter().for_each(|e| found.push(e));
                     ServeSettings::default()
                 })
             }

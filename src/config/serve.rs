@@ -2,6 +2,7 @@
 //! to and how it tells callers apart, with the caller keys of `keys` and
 //! `keys_file`. May import the config's error helpers, ids and the YAML tree.
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use serde::Deserialize;
 
 use super::config_error;
 use super::env::{expand_vars, unexpanded};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::id::user_name_problem;
 use crate::yaml::{self, Node, Pos};
 
@@ -251,7 +252,11 @@ pub(super) fn settings(
     path: &Path,
     base: &Path,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<ServeSettings> {
+) -> std::result::Result<ServeSettings, Vec<Error>> {
+    // Every problem is recorded and checking goes on (with the default in
+    // place of a bad value), so that one run reports them all.
+    let problems = RefCell::new(Vec::new());
+    let fail = |e: Error| problems.borrow_mut().push(e);
     // Located at the value of `serve.KEY` (else at the key, else at `serve:`).
     let err_at = |pos: Pos, message: String| config_error(path, Some(pos), message);
     let err = |key: &str, message: String| err_at(node.get(key).map_or(node.pos, |n| n.pos), message);
@@ -259,15 +264,21 @@ pub(super) fn settings(
         expand_vars(v, env).map_err(|token| err(key, format!("serve.{key}: {}", unexpanded(&token))))
     };
     let d = ServeSettings::default();
-    let upstream_api_key = raw.upstream_api_key.as_deref().map(|k| expand("upstream_api_key", k)).transpose()?;
-    let upstream = raw.upstream.as_deref().map(|u| expand("upstream", u)).transpose()?;
+    let expand_or_fail = |key: &str, v: Option<&str>| {
+        v.map(|v| expand(key, v)).transpose().unwrap_or_else(|e| {
+            fail(e);
+            None
+        })
+    };
+    let upstream_api_key = expand_or_fail("upstream_api_key", raw.upstream_api_key.as_deref());
+    let upstream = expand_or_fail("upstream", raw.upstream.as_deref());
     if let Some(u) = &upstream
         && !(u.starts_with("http://") || u.starts_with("https://"))
     {
-        return Err(err("upstream", "serve.upstream must start with http:// or https://".into()));
+        fail(err("upstream", "serve.upstream must start with http:// or https://".into()));
     }
     if raw.forward_authorization && upstream_api_key.is_some() {
-        return Err(err(
+        fail(err(
             "forward_authorization",
             "serve: `forward_authorization: true` and `upstream_api_key` both give the upstream credentials; keep one"
                 .into(),
@@ -276,24 +287,28 @@ pub(super) fn settings(
     let mut keys = Vec::new();
     let key_nodes = node.get("keys").map_or(&[][..], |n| n.items());
     for (i, k) in raw.keys.iter().enumerate() {
-        let sha256 = parse_digest(&k.sha256).ok_or_else(|| {
+        let Some(sha256) = parse_digest(&k.sha256) else {
             let item = key_nodes.get(i).map(|n| n.get("sha256").unwrap_or(n));
-            err_at(
+            fail(err_at(
                 item.map_or(node.pos, |n| n.pos),
                 format!(
                     "serve.keys: `{}` is not a SHA-256 hex digest (64 hex digits); \
                      get one with `mcp-context serve hash-key KEY`",
                     k.sha256
                 ),
-            )
-        })?;
+            ));
+            continue;
+        };
         if let Some(problem) = user_name_problem(&k.user) {
             let item = key_nodes.get(i).map(|n| n.get("user").unwrap_or(n));
-            return Err(err_at(item.map_or(node.pos, |n| n.pos), format!("serve.keys: {problem}")));
+            fail(err_at(item.map_or(node.pos, |n| n.pos), format!("serve.keys: {problem}")));
+            continue;
         }
         keys.push(KeyDigest { sha256: sha256.to_vec().into(), user: k.user.clone() });
     }
-    if let Some(file) = &raw.keys_file {
+    // The keys file stops at its first problem (it is another file).
+    let from_file = |file: &str| -> Result<Vec<KeyDigest>> {
+        let mut keys = Vec::new();
         let file = base.join(file);
         let text = std::fs::read_to_string(&file)
             .map_err(|e| config_error(&file, None, format!("cannot read serve.keys_file: {e}")))?;
@@ -315,9 +330,16 @@ pub(super) fn settings(
             }
             keys.push(KeyDigest { sha256: sha256.to_vec().into(), user: k.user });
         }
+        Ok(keys)
+    };
+    if let Some(file) = &raw.keys_file {
+        match from_file(file) {
+            Ok(more) => keys.extend(more),
+            Err(e) => fail(e),
+        }
     }
     if raw.forward_authorization && !keys.is_empty() {
-        return Err(err(
+        fail(err(
             "forward_authorization",
             "serve: with `forward_authorization: true` the caller's Authorization is the upstream's key, so `keys` \
              cannot identify callers; remove `keys`/`keys_file` or set `forward_authorization: false`"
@@ -327,26 +349,30 @@ pub(super) fn settings(
     if let Some(h) = &raw.user_header
         && (h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)))
     {
-        return Err(err("user_header", format!("serve.user_header: `{h}` is not an HTTP header name")));
+        fail(err("user_header", format!("serve.user_header: `{h}` is not an HTTP header name")));
     }
     if let Some(problem) = raw.anonymous_user.as_deref().and_then(user_name_problem) {
-        return Err(err("anonymous_user", format!("serve.anonymous_user: {problem}")));
+        fail(err("anonymous_user", format!("serve.anonymous_user: {problem}")));
     }
     let nonzero = |key: &str, v: Option<u64>, default: u64| match v {
-        Some(0) => Err(err(key, format!("serve.{key} must be at least 1"))),
-        v => Ok(v.unwrap_or(default)),
+        Some(0) => {
+            fail(err(key, format!("serve.{key} must be at least 1")));
+            default
+        }
+        v => v.unwrap_or(default),
     };
     let mut passthrough = PassthroughRule::defaults();
     let rule_nodes = node.get("passthrough").map_or(&[][..], |n| n.items());
     for (i, r) in raw.passthrough.iter().enumerate() {
-        let rule = PassthroughRule::parse(r)
-            .map_err(|m| err_at(rule_nodes.get(i).map_or(node.pos, |n| n.pos), format!("serve.passthrough: {m}")))?;
-        passthrough.push(rule);
+        match PassthroughRule::parse(r) {
+            Ok(rule) => passthrough.push(rule),
+            Err(m) => fail(err_at(rule_nodes.get(i).map_or(node.pos, |n| n.pos), format!("serve.passthrough: {m}"))),
+        }
     }
     let upstream_user = raw.upstream_user.unwrap_or_default();
-    let pseudonym_key = raw.pseudonym_key.as_deref().map(|k| expand("pseudonym_key", k)).transpose()?;
+    let pseudonym_key = expand_or_fail("pseudonym_key", raw.pseudonym_key.as_deref());
     if upstream_user == UpstreamUser::Pseudonym && pseudonym_key.as_deref().is_none_or(|k| k.len() < 16) {
-        return Err(err(
+        fail(err(
             "upstream_user",
             "serve: `upstream_user: pseudonym` needs `pseudonym_key`, a secret of at least 16 characters \
              (e.g. `${MCP_CONTEXT_PSEUDONYM_KEY}`)"
@@ -356,23 +382,23 @@ pub(super) fn settings(
     if let Some(hosts) = &raw.allowed_hosts
         && let Some(bad) = hosts.iter().find(|h| h.is_empty() || h.contains(['/', ' ', '@']))
     {
-        return Err(err("allowed_hosts", format!("serve.allowed_hosts: `{bad}` is not a host name or host:port")));
+        fail(err("allowed_hosts", format!("serve.allowed_hosts: `{bad}` is not a host name or host:port")));
     }
     let inflight = nonzero(
         "max_inflight_body_bytes",
         raw.max_inflight_body_bytes.map(|v| v as u64),
         d.max_inflight_body_bytes as u64,
-    )?
+    )
     .min(u32::MAX as u64) as usize;
     let max_body_bytes =
-        nonzero("max_body_bytes", raw.max_body_bytes.map(|v| v as u64), d.max_body_bytes as u64)? as usize;
+        nonzero("max_body_bytes", raw.max_body_bytes.map(|v| v as u64), d.max_body_bytes as u64) as usize;
     if max_body_bytes > inflight {
-        return Err(err(
+        fail(err(
             "max_body_bytes",
             format!("serve.max_body_bytes ({max_body_bytes}) is more than serve.max_inflight_body_bytes ({inflight})"),
         ));
     }
-    Ok(ServeSettings {
+    let settings = ServeSettings {
         listen: raw.listen.unwrap_or(d.listen),
         upstream: upstream.map(SecretString::from),
         upstream_api_key: upstream_api_key.map(SecretString::from),
@@ -386,45 +412,46 @@ pub(super) fn settings(
             "upstream_timeout_ms",
             raw.upstream_timeout_ms,
             d.upstream_timeout.as_millis() as u64,
-        )?),
+        )),
         shutdown_grace: Duration::from_millis(raw.shutdown_grace_ms.unwrap_or(d.shutdown_grace.as_millis() as u64)),
         max_concurrent_upstream: nonzero(
             "max_concurrent_upstream",
             raw.max_concurrent_upstream.map(|v| v as u64),
             d.max_concurrent_upstream as u64,
-        )? as usize,
+        ) as usize,
         passthrough,
         allowed_hosts: raw.allowed_hosts,
         upstream_user,
         pseudonym_key: pseudonym_key.map(SecretString::from),
         readyz_details: raw.readyz_details,
-        max_connections: nonzero("max_connections", raw.max_connections.map(|v| v as u64), d.max_connections as u64)?
+        max_connections: nonzero("max_connections", raw.max_connections.map(|v| v as u64), d.max_connections as u64)
             as usize,
         header_timeout: Duration::from_millis(nonzero(
             "header_timeout_ms",
             raw.header_timeout_ms,
             d.header_timeout.as_millis() as u64,
-        )?),
+        )),
         body_timeout: Duration::from_millis(nonzero(
             "body_timeout_ms",
             raw.body_timeout_ms,
             d.body_timeout.as_millis() as u64,
-        )?),
+        )),
         max_inflight_body_bytes: inflight,
         max_unidentified_body_bytes: nonzero(
             "max_unidentified_body_bytes",
             raw.max_unidentified_body_bytes.map(|v| v as u64),
             d.max_unidentified_body_bytes as u64,
-        )?
+        )
         .min(inflight as u64) as usize,
         stored_retention: Duration::from_secs(
-            86_400
-                * nonzero("stored_retention_days", raw.stored_retention_days, d.stored_retention.as_secs() / 86_400)?,
+            86_400 * nonzero("stored_retention_days", raw.stored_retention_days, d.stored_retention.as_secs() / 86_400),
         ),
         max_stored_records: nonzero(
             "max_stored_records",
             raw.max_stored_records.map(|v| v as u64),
             d.max_stored_records as u64,
-        )? as usize,
-    })
+        ) as usize,
+    };
+    let problems = problems.into_inner();
+    if problems.is_empty() { Ok(settings) } else { Err(problems) }
 }

@@ -158,7 +158,7 @@ pub struct ServerConfig {
     pub timeout: Duration,
     /// Reads in flight at once on this server: `max_concurrent_reads`, by
     /// default 16 over stdio and 64 over HTTP
-    /// (the constant `DEFAULT_MAX_CONCURRENT_READS_HTTP` in `config.rs` says why). Over HTTP it is also
+    /// (the constant `DEFAULT_MAX_CONCURRENT_READS_HTTP` in `config/mod.rs` says why). Over HTTP it is also
     /// how many requests the transport sends at once (plus a few for
     /// listings), so it reaches the wire; at most 256 reads are in flight
     /// across all servers.

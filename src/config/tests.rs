@@ -330,6 +330,16 @@ mod all_problems {
         at(4, "c.yaml:13:", "serve.upstream must start with http://");
     }
 
+    /// Within `serve:` too, every bad value is reported, not only the first.
+    #[test]
+    fn every_bad_serve_value_is_reported() {
+        let src = "serve:\n  upstream: ftp://u\n  max_body_bytes: 0\n  passthrough: [\"GET /v2/x\"]\n  keys:\n    - { sha256: nothex, user: ann }\n";
+        let e = Config::from_yaml_with_env(src, Path::new("c.yaml"), &|_| None).unwrap_err();
+        let text = e.to_string();
+        let starts: Vec<&str> = text.lines().map(|l| l.split(": ").next().unwrap()).collect();
+        assert_eq!(starts, ["c.yaml:2:13", "c.yaml:3:19", "c.yaml:4:17", "c.yaml:6:17"], "{text}");
+    }
+
     /// A file with one problem reads as before: one line.
     #[test]
     fn one_problem_is_one_line() {
