@@ -3,6 +3,8 @@
 //!
 //! `cargo bench --bench inject`
 
+#![allow(missing_docs, reason = "criterion_group! generates the entry points")]
+
 use std::time::SystemTime;
 
 use async_openai::types::chat::{ChatCompletionRequestUserMessage, CreateChatCompletionRequestArgs};

@@ -5,6 +5,8 @@
 //!
 //! `cargo bench --bench policy` (`POLICY_BENCH_SIZES=100,10000` for some sizes)
 
+#![allow(missing_docs, reason = "criterion_group! generates the entry points")]
+
 #[path = "../examples/bench/policy_gen.rs"]
 mod policy_gen;
 

@@ -184,7 +184,11 @@ async fn main() {
          closed by the proxy after 12 s: {closed} of 50",
         took[10].0, took[19].0
     );
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    // SAFETY: kill(2) has no memory-safety preconditions (a system call std lacks).
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM)
+    };
     let _ = tokio::time::timeout(Duration::from_secs(15), child.wait()).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -27,6 +27,8 @@
 //! content costs, its intercept the fixed base, free of whatever the 10-resource
 //! run did not warm (a blocking thread's first tokenizer use, say).
 
+#![allow(unsafe_code, reason = "CPU time of this process: clock_gettime(2) / getrusage(2), system calls std lacks")]
+
 #[path = "bench/workload.rs"]
 mod workload;
 

@@ -203,7 +203,11 @@ async fn main() {
             text.join(", ")
         );
     }
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    // SAFETY: kill(2) has no memory-safety preconditions (a system call std lacks).
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM)
+    };
     let _ = tokio::time::timeout(Duration::from_secs(15), child.wait()).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,6 +15,8 @@
 //! counts the reads it serves and notifies subscribers when `fx://live`
 //! changes. Keys go under a prefix of this run, deleted at the end.
 
+#![allow(unsafe_code, reason = "CPU time of this process: clock_gettime(2) / getrusage(2), system calls std lacks")]
+
 #[path = "../tests/support/fixture.rs"]
 #[allow(unreachable_pub)]
 mod fixture;

@@ -263,7 +263,7 @@ async fn stream_answer(
     client: &ContextClient<OpenAIConfig>,
     mut request: CreateChatCompletionRequest,
 ) -> Result<String, String> {
-    let endpoint_error = |e| one_line(&mcp_context::Error::OpenAI(e).to_string());
+    let endpoint_error = |e| one_line(&mcp_context::Error::from(e).to_string());
     request.stream = Some(true);
     let mut stream = client.inner().chat().create_stream(request).await.map_err(endpoint_error)?;
     let mut text = String::new();

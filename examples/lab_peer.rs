@@ -62,6 +62,7 @@ fn flag_value(args: &[String], name: &str) -> Option<String> {
 }
 
 /// CPU time of this process (all threads, user + system), in seconds.
+#[allow(unsafe_code, reason = "getrusage(2), a system call std lacks")]
 fn cpu_seconds() -> f64 {
     // SAFETY: getrusage fills the struct we pass and has no other effect.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };

@@ -15,6 +15,8 @@
 //! the next `--users` users (each a fresh [`UserPolicy`]; nothing is memoized
 //! below `McpContext`).
 
+#![allow(unsafe_code, reason = "CPU time of this process: clock_gettime(2) / getrusage(2), system calls std lacks")]
+
 #[path = "bench/policy_gen.rs"]
 mod policy_gen;
 

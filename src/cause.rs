@@ -185,15 +185,33 @@ pub(crate) fn one_line(s: &str, max: usize) -> String {
 }
 
 /// Strips userinfo and the query from a URL before it is logged or reported.
-pub(crate) fn redact_url(url: &str) -> String {
-    let mut s = url.split(['?', '#']).next().unwrap_or(url).to_owned();
-    if let Some(scheme_end) = s.find("://") {
-        let rest = &s[scheme_end + 3..];
-        if let Some(at) = rest.find('@').filter(|at| !rest[..*at].contains('/')) {
-            s = format!("{}://***@{}", &s[..scheme_end], &rest[at + 1..]);
-        }
+pub fn redact_url(url: &str) -> String {
+    let parsed = url::Url::parse(url).ok().filter(|u| !u.cannot_be_a_base());
+    let Some(mut parsed) = parsed else {
+        // Not a URL with a host (a config typo, `user:pw@host` without a
+        // scheme, an unexpanded value): nothing before an `@` is shown, nor
+        // anything past a `?` or `#`.
+        let shown = &url[..url.find(['?', '#']).unwrap_or(url.len())];
+        return match shown.rfind('@') {
+            Some(at) => format!("***@{}", &shown[at + 1..]),
+            None => shown.to_owned(),
+        };
+    };
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        // Fails only for URLs that cannot carry credentials at all.
+        let _ = parsed.set_password(None);
+        let _ = parsed.set_username("***");
     }
-    s
+    parsed.set_query(None);
+    parsed.set_fragment(None);
+    let mut shown = String::from(parsed);
+    // `Url` writes the root path of `http://host` as `http://host/`: show
+    // the address as it was written.
+    let after_scheme = url.split_once("://").map_or("", |(_, rest)| rest);
+    if shown.ends_with('/') && !after_scheme.contains('/') {
+        shown.pop();
+    }
+    shown
 }
 
 #[cfg(test)]
@@ -207,5 +225,23 @@ mod tests {
         assert_eq!(body_excerpt(""), "");
         assert_eq!(one_line(&"word ".repeat(100), 12), "word word wo…");
         assert_eq!(status_text(502, ""), "HTTP 502 Bad Gateway");
+    }
+
+    /// Credentials, query and fragment never show; the rest reads as written.
+    #[test]
+    fn urls_are_shown_without_credentials() {
+        for (url, shown) in [
+            ("https://u:p@h/x?k=1", "https://***@h/x"),
+            ("https://user@h:8443/v1#frag", "https://***@h:8443/v1"),
+            ("http://127.0.0.1:8080", "http://127.0.0.1:8080"),
+            ("http://127.0.0.1:8080/v1", "http://127.0.0.1:8080/v1"),
+            ("rediss://:secret@redis.internal:6380/0", "rediss://***@redis.internal:6380/0"),
+            ("redis+unix:///run/redis.sock?pass=secret", "redis+unix:///run/redis.sock"),
+            ("https://h/p@q", "https://h/p@q"),
+            ("user:pw@host/x", "***@host/x"),
+            ("not a url?token=1", "not a url"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
     }
 }

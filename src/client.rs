@@ -47,7 +47,7 @@ impl<C: OpenAIConfig> ContextClient<C> {
     ) -> Result<(CreateChatCompletionResponse, Report)> {
         let (mut request, report) = self.context.inject(request, req).await?;
         request.stream = None;
-        let response = self.client.chat().create(request).await.map_err(Error::OpenAI)?;
+        let response = self.client.chat().create(request).await.map_err(Error::from)?;
         Ok((response, report))
     }
 
@@ -60,7 +60,7 @@ impl<C: OpenAIConfig> ContextClient<C> {
     ) -> Result<(ChatCompletionResponseStream, Report)> {
         let (mut request, report) = self.context.inject(request, req).await?;
         request.stream = Some(true);
-        let stream = self.client.chat().create_stream(request).await.map_err(Error::OpenAI)?;
+        let stream = self.client.chat().create_stream(request).await.map_err(Error::from)?;
         Ok((stream, report))
     }
 }
@@ -115,7 +115,7 @@ impl<C: OpenAIConfig> ContextClient<C> {
             report,
         };
         loop {
-            let response = self.client.chat().create(request.clone()).await.map_err(Error::OpenAI)?;
+            let response = self.client.chat().create(request.clone()).await.map_err(Error::from)?;
             let calls: Vec<ChatCompletionMessageToolCalls> =
                 response.choices.first().and_then(|c| c.message.tool_calls.clone()).unwrap_or_default();
             let all_ours = !calls.is_empty()

@@ -6,13 +6,19 @@
 //! never an expanded value.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Everything that can go wrong in `mcp-context`.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Clone` (single-flight reads hand one error to many waiters): the causes
+/// that are not themselves `Clone` are held in an [`Arc`].
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The configuration file could not be read or is invalid.
-    #[error("{}: {message}", location(path, *line, *column))]
+    /// The configuration file could not be read or is invalid. Loading
+    /// reports every problem it finds: the first here, the others (each an
+    /// `Error::Config` too) in `more`, shown one per line.
+    #[error("{}: {message}{}", location(path, *line, *column), more_lines(more))]
     Config {
         /// The config file.
         path: PathBuf,
@@ -22,6 +28,8 @@ pub enum Error {
         column: Option<usize>,
         /// What is wrong and how to fix it.
         message: String,
+        /// The other problems found in the same load, by position.
+        more: Vec<Error>,
     },
     /// A policy file could not be read or is invalid. Nothing is injected.
     /// Loading reports every problem it finds: the first here, the others
@@ -114,10 +122,23 @@ pub enum Error {
     /// (The cause is part of the message, so it is not also a `source`,
     /// which would print it twice in a cause chain.)
     #[error("chat completion failed: {}", crate::cause::openai_cause(.0))]
-    OpenAI(async_openai::error::OpenAIError),
-    /// Anything else, with a message.
-    #[error("{0}")]
-    Other(String),
+    OpenAI(Arc<async_openai::error::OpenAIError>),
+    /// Work moved off the async runtime (policy compilation, packing,
+    /// tokenizer loading) panicked or was cancelled.
+    #[error("{what} failed")]
+    Task {
+        /// What the task was doing, e.g. `policy loading`.
+        what: &'static str,
+        /// Why the task did not finish.
+        #[source]
+        source: Arc<tokio::task::JoinError>,
+    },
+}
+
+impl From<async_openai::error::OpenAIError> for Error {
+    fn from(e: async_openai::error::OpenAIError) -> Self {
+        Error::OpenAI(Arc::new(e))
+    }
 }
 
 impl Error {
@@ -130,53 +151,14 @@ impl Error {
         matches!(self, Error::NotFound { .. })
     }
 
-    /// A copy for fan-out (single-flight reads hand one error to many
-    /// waiters); the LLM error, which cannot be cloned, becomes its message.
-    pub(crate) fn duplicate(&self) -> Error {
-        match self {
-            Error::Config { path, line, column, message } => {
-                Error::Config { path: path.clone(), line: *line, column: *column, message: message.clone() }
-            }
-            Error::Policy { path, line, column, message, more } => Error::Policy {
-                path: path.clone(),
-                line: *line,
-                column: *column,
-                message: message.clone(),
-                more: more.iter().map(Error::duplicate).collect(),
-            },
-            Error::InvalidId { input, reason } => Error::InvalidId { input: input.clone(), reason: reason.clone() },
-            Error::UnknownServer { server, known } => {
-                Error::UnknownServer { server: server.clone(), known: known.clone() }
-            }
-            Error::ServerUnavailable { server, cause } => {
-                Error::ServerUnavailable { server: server.clone(), cause: cause.clone() }
-            }
-            Error::NotFound { id } => Error::NotFound { id: id.clone() },
-            Error::Timeout { server, what, after_ms } => {
-                Error::Timeout { server: server.clone(), what: what.clone(), after_ms: *after_ms }
-            }
-            Error::Server { server, what, code, message } => {
-                Error::Server { server: server.clone(), what: what.clone(), code: *code, message: message.clone() }
-            }
-            Error::TransportClosed { server, what } => {
-                Error::TransportClosed { server: server.clone(), what: what.clone() }
-            }
-            Error::Protocol { server, what, message } => {
-                Error::Protocol { server: server.clone(), what: what.clone(), message: message.clone() }
-            }
-            Error::OpenAI(e) => Error::Other(format!("chat completion failed: {}", crate::cause::openai_cause(e))),
-            Error::Other(m) => Error::Other(m.clone()),
-        }
+    /// The error of a task run with `spawn_blocking` that did not finish.
+    pub(crate) fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Error {
+        move |e| Error::Task { what, source: Arc::new(e) }
     }
 
     /// True for a request timeout.
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })
-    }
-
-    /// True for configuration and policy errors: the input files must be fixed.
-    pub fn is_input(&self) -> bool {
-        matches!(self, Error::Config { .. } | Error::Policy { .. } | Error::InvalidId { .. })
     }
 }
 
@@ -188,7 +170,7 @@ fn location(path: &std::path::Path, line: Option<usize>, column: Option<usize>) 
     }
 }
 
-/// The further problems of a policy load, one per line after the first.
+/// The further problems of a config or policy load, one per line after the first.
 fn more_lines(more: &[Error]) -> String {
     more.iter().map(|e| format!("\n{e}")).collect()
 }

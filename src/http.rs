@@ -285,6 +285,16 @@ fn sse_events<B: AsRef<[u8]>>(
 
 /// The SSE wire format (`field: value` lines, a blank line ends an event),
 /// with `data` never held whole: it goes to a [`Message`] as it arrives.
+///
+/// Why not the `sse-stream` crate's parser (which rmcp uses for every
+/// other stream): it keeps the unfinished line (`unfinished_line`) and the
+/// event's whole `data` as a `String` until the blank line, with no limit,
+/// so an answer of N bytes in one event costs about 2N of memory. Measured
+/// (sse-stream 0.2.6, one `data:` line of 64 MiB fed in 64 KiB chunks,
+/// a counting allocator): the event arrives with all 64 MiB of data, and
+/// the heap peaked at 127 MiB; a 1 GiB answer would need 2 GiB. Here the
+/// data goes to [`LargeAnswer`] past rmcp's event limit, and memory stays
+/// at that limit plus `max_text` (tests below: `a_huge_event_is_cut`).
 struct SseParser {
     max_text: usize,
     limit: usize,
@@ -409,5 +419,87 @@ impl SseParser {
             return;
         }
         self.ready.push_back(Sse { event, data, id, retry });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every event of `body` fed in chunks of `chunk` bytes, ended as a body ends.
+    fn parse(body: &[u8], chunk: usize, max_text: usize, limit: usize) -> Vec<Sse> {
+        let mut p = SseParser::new(max_text, limit);
+        for c in body.chunks(chunk.max(1)) {
+            p.feed(c);
+        }
+        p.feed(b"\n\n");
+        p.ready.into_iter().collect()
+    }
+
+    fn sse(event: Option<&str>, data: Option<&str>, id: Option<&str>, retry: Option<u64>) -> Sse {
+        Sse { event: event.map(Into::into), data: data.map(Into::into), id: id.map(Into::into), retry }
+    }
+
+    fn same(a: &[Sse], b: &[Sse]) -> bool {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x.event == y.event && x.data == y.data && x.id == y.id && x.retry == y.retry)
+    }
+
+    /// Fields, the one optional space, multi-line data, comments and CRLF,
+    /// whatever the chunks the body arrives in. (A CR before a data line's
+    /// LF stays in the data, as it always has: the data is JSON, where it is
+    /// white space.)
+    #[test]
+    fn the_wire_format_is_read_in_chunks_split_anywhere() {
+        let body = b"event: message\nid: 7\ndata: {\"a\":\ndata:1}\n\n: a comment\n\nretry: 3000\r\ndata:  two spaces\r\n\r\ndata\n\nid:x\n";
+        let want = [
+            sse(Some("message"), Some("{\"a\":\n1}"), Some("7"), None),
+            sse(None, Some(" two spaces\r"), None, Some(3000)),
+            sse(None, Some(""), None, None),
+            sse(None, None, Some("x"), None),
+        ];
+        for chunk in 1..body.len() {
+            let got = parse(body, chunk, 1 << 20, 1 << 20);
+            assert!(same(&got, &want), "chunks of {chunk}: {got:?}");
+        }
+    }
+
+    /// A blank event (only comments, or nothing) dispatches nothing; an
+    /// unknown field and a bad `retry` are ignored.
+    #[test]
+    fn empty_and_unknown_fields_make_no_event() {
+        assert!(parse(b": keep-alive\n\n\n\n", 3, 64, 64).is_empty());
+        let got = parse(b"foo: bar\nretry: soon\ndata: x\n\n", 2, 64, 64);
+        assert!(same(&got, &[sse(None, Some("x"), None, None)]), "{got:?}");
+    }
+
+    /// Over the event limit, the data goes through the streaming decoder:
+    /// what arrives is the small cut answer, never the whole text.
+    #[test]
+    fn a_huge_event_is_cut() {
+        let text = "x".repeat(1 << 20);
+        let json = format!(r#"{{"jsonrpc":"2.0","id":3,"result":{{"contents":[{{"uri":"a://1","text":"{text}"}}]}}}}"#);
+        let body = format!("event: message\ndata: {json}\n\n");
+        let got = parse(body.as_bytes(), 8192, 10, 4096);
+        assert_eq!(got.len(), 1);
+        let data = got[0].data.as_deref().unwrap();
+        assert!(data.len() < 1000, "{} bytes", data.len());
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        let part = &v["result"]["contents"][0];
+        assert_eq!(part["text"], "xxxxxxxxxx");
+        assert_eq!(part["_meta"][crate::large::TRUNCATED_BYTES], (1 << 20) - 10);
+        assert_eq!(got[0].event.as_deref(), Some("message"));
+    }
+
+    /// The stream yields events as they complete, and the last one even
+    /// without its closing blank line.
+    #[tokio::test]
+    async fn the_stream_ends_with_an_unclosed_event() {
+        let chunks: Vec<reqwest::Result<&'static [u8]>> = vec![Ok(b"data: 1\n\nda"), Ok(b"ta: 2\n")];
+        let events: Vec<_> = sse_events(futures::stream::iter(chunks), 64, 64).collect().await;
+        let data: Vec<_> = events.into_iter().map(|e| e.unwrap().data.unwrap()).collect();
+        assert_eq!(data, ["1", "2"]);
     }
 }

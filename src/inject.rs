@@ -95,15 +95,6 @@ fn strip_context_instructions(s: &str) -> &str {
     }
 }
 
-/// The latest user text of a chat-completions (`messages`) or Responses
-/// (`input`) body held as generic JSON: the question relevance mode ranks
-/// passages by when the caller does not give one. A string content is taken
-/// as it is; an array's text parts (`text`, `input_text`) are joined by
-/// newlines. `None` when there is no user text.
-pub fn latest_user_text_json(body: &serde_json::Value) -> Option<String> {
-    user_texts_json(body).next().map(std::borrow::Cow::into_owned)
-}
-
 /// The user texts of a Chat Completions (`messages`) or Responses (`input`)
 /// body, newest first, blank ones skipped; borrowed where a text is one
 /// string (a query keeps only the end of a long one).
@@ -234,6 +225,7 @@ mod tests {
     #[test]
     fn the_latest_user_text_is_the_query_of_a_json_body() {
         use serde_json::json;
+        let latest_user_text_json = |body: &serde_json::Value| user_texts_json(body).next().map(Cow::into_owned);
         let chat = json!({"messages": [
             {"role": "user", "content": "first question"},
             {"role": "assistant", "content": "an answer"},

@@ -17,7 +17,7 @@
 //!     .model("gpt-4o")
 //!     .messages([async_openai::types::chat::ChatCompletionRequestUserMessage::from("hi").into()])
 //!     .build()
-//!     .map_err(mcp_context::Error::OpenAI)?;
+//!     .map_err(mcp_context::Error::from)?;
 //! let (request, report) = ctx.inject(request, "alice").await?;
 //! println!("{} tokens of context", report.tokens);
 //! ctx.close().await;
@@ -29,8 +29,6 @@
 //! `inject`, orchestrated by `context`; every *requested* `server:uri` passes
 //! one gate (`gate`: [`admit`]) before the policy decides on it; `client` wraps async-openai and
 //! `tools` offers the model-driven path.
-
-#![warn(missing_docs)]
 
 /// The async-openai this crate is built against, so that request and message
 /// types match ours exactly.
@@ -63,6 +61,10 @@ mod tools;
 mod yaml;
 
 pub use budget::{TokenCache, Tokenizer};
+/// A URL as messages and logs may show it: no credentials, query or fragment.
+/// Public for the `serve` proxy, a binary until it becomes a library module.
+#[doc(hidden)]
+pub use cause::redact_url;
 pub use client::{ContextClient, ToolLoop};
 pub use config::{
     CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_KEY_PREFIX,
@@ -77,7 +79,7 @@ pub use hub::{Hub, HubEvent, ServerStatus};
 pub use id::{MAX_USER_NAME_BYTES, ResourceId, user_name_problem};
 pub use inject::{
     INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
-    inject_message, inject_message_json, is_context_message, is_context_message_json, latest_user_text_json,
+    inject_message, inject_message_json, is_context_message, is_context_message_json,
 };
 pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use relevance::{

@@ -20,6 +20,9 @@ use clap::{Parser, Subcommand};
 use mcp_context::{Config, ContextRequest, Hub, McpContext, Policy, ResourceId, Via, render_text};
 
 #[cfg(feature = "serve")]
+// Its items are `pub` for the day it becomes a library module (issue 32,
+// part A, decides that API); until then the binary is their only user.
+#[allow(unreachable_pub)]
 mod serve;
 
 /// Give LLM calls the context your MCP servers hold.
@@ -196,37 +199,37 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Command::DemoServer = cli.command {
-        tokio::select! {
-            r = mcp_context::demo::serve_stdio() => r?,
-            code = signalled() => return Ok(code),
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Command::Policy { command: PolicyCommand::Check { path: Some(p) } } = &cli.command {
-        return policy_check(p);
-    }
-    #[cfg(feature = "serve")]
-    if let Command::Serve { command: Some(ServeCommand::HashKey { key }), .. } = &cli.command {
-        let key = if key == "-" {
-            let mut line = String::new();
-            std::io::stdin().read_line(&mut line)?;
-            line.trim_end_matches(['\r', '\n']).to_owned()
-        } else {
-            key.clone()
-        };
-        writeln!(std::io::stdout().lock(), "{}", serve::identity::hash_key(&key))?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let config_path = Config::locate(cli.config.as_deref());
-    let config = Config::load(&config_path)?;
+    // Commands that need no config file run before it is looked for.
+    let load = || Config::load(&Config::locate(cli.config.as_deref()));
     match cli.command {
+        Command::DemoServer => {
+            tokio::select! {
+                r = mcp_context::demo::serve_stdio() => r?,
+                code = signalled() => return Ok(code),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Policy { command: PolicyCommand::Check { path: Some(p) } } => policy_check(&p),
+        #[cfg(feature = "serve")]
+        Command::Serve { command: Some(ServeCommand::HashKey { key }), .. } => {
+            let key = if key == "-" {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line)?;
+                line.trim_end_matches(['\r', '\n']).to_owned()
+            } else {
+                key
+            };
+            writeln!(std::io::stdout().lock(), "{}", serve::identity::hash_key(&key))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::List { server, json } => {
+            let config = load()?;
             let config = only_server(config, server.as_deref())?;
             let verbose = cli.verbose > 0;
             with_hub(&config, |hub| async move { list(&hub, server.as_deref(), json, verbose) }).await
         }
         Command::Read { id } => {
+            let config = load()?;
             let id = ResourceId::parse(&id)?;
             let config = server_of(config, &id)?;
             with_hub(&config, |hub| async move {
@@ -239,6 +242,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .await
         }
         Command::Preview { user, budget, model, select, query, mode, json } => {
+            let config = load()?;
             let selection = if select.is_empty() {
                 None
             } else {
@@ -262,7 +266,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 code = signalled() => return Ok(code),
             };
             let servers = config.servers.len();
-            let result = interruptible(&ctx, async {
+            let result = interruptible(async {
                 let req = ContextRequest { user: user.clone(), selection, budget, model, query, select: mode };
                 let (message, report) = ctx.build(&req).await?;
                 let mut out = std::io::stdout().lock();
@@ -289,12 +293,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             result
         }
         Command::Policy { command: PolicyCommand::Check { path: None } } => {
+            let config = load()?;
             let Some(p) = config.policy.clone() else {
                 bail!("{} names no `policy:`; give a path: mcp-context policy check PATH", config.path.display());
             };
             policy_check(&p)
         }
         Command::Policy { command: PolicyCommand::Explain { user, id } } => {
+            let config = load()?;
             let id = ResourceId::parse(&id)?;
             let policy = match &config.policy {
                 Some(p) => Policy::load(p)?,
@@ -338,13 +344,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         #[cfg(feature = "serve")]
         Command::Serve { listen, upstream, command: None } => {
+            let config = load()?;
             serve::run(config, serve::Options { listen, upstream }).await?;
             Ok(ExitCode::SUCCESS)
-        }
-        #[cfg(feature = "serve")]
-        Command::Serve { command: Some(_), .. } => unreachable!("handled above"),
-        Command::DemoServer | Command::Policy { command: PolicyCommand::Check { path: Some(_) } } => {
-            unreachable!("handled above")
         }
     }
 }
@@ -425,7 +427,8 @@ fn is_down(hub: &Hub, server: &str) -> bool {
     !hub.is_connected(server) || hub.status().iter().any(|s| s.name == server && s.failed())
 }
 
-async fn interruptible<F>(_ctx: &McpContext, f: F) -> anyhow::Result<ExitCode>
+/// `f`, or the exit code of a signal that came first.
+async fn interruptible<F>(f: F) -> anyhow::Result<ExitCode>
 where
     F: std::future::Future<Output = anyhow::Result<ExitCode>>,
 {

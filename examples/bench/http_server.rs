@@ -24,13 +24,13 @@ use serde_json::{Value, json};
 use super::{Workload, answer};
 
 /// The knobs of the HTTP mode.
-pub struct Options {
+pub(crate) struct Options {
     /// Held before every answer (a slow server, for tests without the lab's link).
-    pub delay: Duration,
+    pub(crate) delay: Duration,
     /// One line per request on stderr, in arrival order.
-    pub log: bool,
+    pub(crate) log: bool,
     /// Answer `server/discover` (a 2026-07-28 server); otherwise "method not found".
-    pub discover: bool,
+    pub(crate) discover: bool,
 }
 
 struct App {
@@ -50,7 +50,7 @@ struct Stats {
 
 /// Serves until killed. Prints `listening on http://ADDR/mcp` to stderr once
 /// bound (the tests read the port from it when ADDR ends in `:0`).
-pub fn run(addr: &str, legacy: Workload, current: Workload, options: Options) -> std::io::Result<()> {
+pub(crate) fn run(addr: &str, legacy: Workload, current: Workload, options: Options) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(addr).await?;

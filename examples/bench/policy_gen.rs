@@ -9,6 +9,8 @@
 //! and a few URIs that need a full glob (`**/t7/**/notes*`, `[a-m]*`). Each
 //! role has `rules_per_role` rules, one in eleven of them (at least one) a
 //! deny. Deterministic for a seed.
+
+#![allow(unreachable_pub, reason = "shared by several examples, benches and tests through #[path]")]
 #![allow(dead_code)]
 
 use std::fmt::Write;

@@ -16,6 +16,7 @@
 //! (Python ints are unbounded; negative seeds are not supported here, Python
 //! would use `abs(seed)`).
 
+#![allow(unreachable_pub, reason = "shared by several examples, benches and tests through #[path]")]
 #![allow(dead_code)]
 
 use std::borrow::Cow;

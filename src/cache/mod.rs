@@ -146,7 +146,7 @@ pub(crate) fn entry_bytes(contents: &Contents, user: &str) -> usize {
 }
 
 /// A read in flight: the contents, and where they came from.
-type Flight = Shared<BoxFuture<'static, std::result::Result<(Arc<Contents>, Origin), Arc<Error>>>>;
+type Flight = Shared<BoxFuture<'static, std::result::Result<(Arc<Contents>, Origin), Error>>>;
 
 #[derive(Default)]
 struct State {
@@ -510,7 +510,7 @@ impl ContentCache {
                 Err(e) => or_stale(e),
             },
             Ok((c, origin)) => Ok(CachedRead { contents: c, stale: false, origin }),
-            Err(e) => or_stale(e.duplicate()),
+            Err(e) => or_stale(e),
         }
     }
 
@@ -539,7 +539,7 @@ impl ContentCache {
             };
             let mut s = lock(&state);
             s.inflight.remove(&id);
-            let contents = Arc::new(result.map_err(Arc::new)?);
+            let contents = Arc::new(result?);
             let current = s.generation.get(&id).copied().unwrap_or(0) == generation;
             let hint_ttl = contents.ttl_ms.map(Duration::from_millis);
             let cacheable = enabled && current && hint_ttl != Some(Duration::ZERO);
@@ -773,5 +773,70 @@ mod tests {
         assert!(counted_right(&s) && s.private_bytes > 0);
         s.clear();
         assert_eq!(s.private_bytes, 0);
+    }
+
+    fn shared_entry(text: &str) -> Entry {
+        let contents = Arc::new(Contents {
+            parts: vec![ContentPart::Text { text: text.to_owned(), mime_type: None }],
+            ..Contents::default()
+        });
+        Entry { contents, expires: None, epoch: 0, bytes: 0, used: AtomicU64::new(0) }
+    }
+
+    fn text_of(e: Option<&Entry>) -> Option<&str> {
+        match e?.contents.parts.first()? {
+            ContentPart::Text { text, .. } => Some(text),
+            _ => None,
+        }
+    }
+
+    /// A user's private answer is theirs alone; everyone else gets the
+    /// shared one (or nothing).
+    #[test]
+    fn a_private_entry_is_its_users_and_the_shared_one_everyone_elses() {
+        let mut slot = Slot { shared: Some(shared_entry("for all")), private: None };
+        slot.private.get_or_insert_default().insert("ann".into(), shared_entry("ann's"));
+        assert_eq!(text_of(slot.for_user("ann")), Some("ann's"));
+        assert_eq!(text_of(slot.for_user("bob")), Some("for all"));
+        slot.shared = None;
+        assert_eq!(text_of(slot.for_user("bob")), None);
+        assert!(!slot.is_empty());
+        assert!(Slot::default().is_empty());
+    }
+
+    /// An invalidation bumps the version (what was built from hits is
+    /// stale) and that id's generation (a read in flight for it must not
+    /// store its now old answer), no other id's; a resync bumps every id's,
+    /// those only in flight included.
+    #[test]
+    fn invalidation_bumps_the_version_and_only_that_ids_generation() {
+        let mut s = state(1 << 20);
+        let (a, b) = (ResourceId::from_listing("s", "fx://a"), ResourceId::from_listing("s", "fx://b"));
+        store(&mut s, "s", "ann", "x", Instant::now() + Duration::from_secs(60));
+        let v = s.version;
+        invalidate(&mut s, &a);
+        assert_eq!(s.version, v + 1);
+        assert_eq!((s.generation.get(&a), s.generation.get(&b)), (Some(&1), None));
+        let flight: Flight = futures::future::ready(Err(Error::NotFound { id: b.to_string() })).boxed().shared();
+        s.inflight.insert(b.clone(), (flight, "ann".into()));
+        bump_all(&mut s);
+        assert_eq!(s.version, v + 2);
+        assert_eq!((s.generation.get(&a), s.generation.get(&b)), (Some(&2), Some(&1)));
+    }
+
+    /// The error of a read in flight reaches every waiter whole.
+    #[tokio::test]
+    async fn every_waiter_of_a_failed_read_gets_the_same_error() {
+        let flight: Flight = futures::future::ready(Err(Error::Timeout {
+            server: "s".into(),
+            what: "resources/read fx://a".into(),
+            after_ms: 5,
+        }))
+        .boxed()
+        .shared();
+        let (one, two) = futures::join!(flight.clone(), flight);
+        let (one, two) = (one.err().unwrap(), two.err().unwrap());
+        assert!(one.is_timeout() && two.is_timeout());
+        assert_eq!(one.to_string(), two.to_string());
     }
 }

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
+use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, mpsc};
 
@@ -313,16 +314,21 @@ impl SharedCache {
     /// fatal) and starts the event listener, which feeds `remote`.
     pub(crate) fn start(config: &Config, remote: mpsc::UnboundedSender<Remote>) -> Result<Arc<Self>> {
         let settings = config.cache.clone();
-        let redacted_url = redact_url(&settings.url);
-        let config_error =
-            |message: String| Error::Config { path: config.path.clone(), line: None, column: None, message };
+        let redacted_url = redact_url(settings.url.expose_secret());
+        let config_error = |message: String| Error::Config {
+            path: config.path.clone(),
+            line: None,
+            column: None,
+            message,
+            more: Vec::new(),
+        };
         let client = match &settings.ca_file {
-            None => redis::Client::open(settings.url.as_str()),
+            None => redis::Client::open(settings.url.expose_secret()),
             Some(f) => {
                 let pem = std::fs::read(f)
                     .map_err(|e| config_error(format!("cache.ca_file `{}`: cannot read it: {e}", f.display())))?;
                 redis::Client::build_with_tls(
-                    settings.url.as_str(),
+                    settings.url.expose_secret(),
                     redis::TlsCertificates { client_tls: None, root_cert: Some(pem) },
                 )
             }

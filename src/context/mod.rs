@@ -406,7 +406,7 @@ impl McpContext {
         // Before the lookup: a reconnection after it must void what is built here.
         let connections = Connections::of(&self.hub, selected);
         let (reads, hits, stamp) =
-            read::read_within_deadline(&self.hub, &self.cache, self.settings.deadline_ms, selected, &req.user).await;
+            read::read_within_deadline(&self.hub, &self.cache, self.settings.deadline, selected, &req.user).await;
         report.cache_hits = hits;
         report.cache_misses = selected.len() - hits;
         report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
@@ -500,7 +500,7 @@ impl McpContext {
                     (composed, used, offered)
                 })
                 .await
-                .map_err(|e| Error::Other(format!("packing failed: {e}")))?;
+                .map_err(Error::task("packing"))?;
                 derived_used = used;
                 let (records, exchange) = offered;
                 exchange.finish(&self.cache, used, records, req.user.clone());
@@ -569,7 +569,7 @@ impl McpContext {
         let m = model.to_owned();
         let t = tokio::task::spawn_blocking(move || Tokenizer::for_model(&m))
             .await
-            .map_err(|e| Error::Other(format!("tokenizer failed to load: {e}")))?;
+            .map_err(Error::task("tokenizer loading"))?;
         let mut tokenizers = self.tokenizers.lock().unwrap_or_else(|p| p.into_inner());
         // Model names come from callers (a proxy passes the request's own):
         // keep the map bounded whatever they send.
@@ -694,7 +694,7 @@ async fn load_policy(config: &Config) -> Result<Policy> {
     match config.policy.clone() {
         Some(p) => tokio::task::spawn_blocking(move || Policy::load(&p))
             .await
-            .map_err(|e| Error::Other(format!("policy loading failed: {e}")))?,
+            .map_err(Error::task("policy loading"))?,
         None => Ok(Policy::allow_all()),
     }
 }

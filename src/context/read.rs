@@ -16,7 +16,7 @@ use crate::resource::Resource;
 pub(super) async fn read_within_deadline(
     hub: &Hub,
     cache: &ContentCache,
-    deadline_ms: u64,
+    within: std::time::Duration,
     selected: &[Arc<Resource>],
     user: &str,
 ) -> (Vec<Result<crate::cache::CachedRead>>, usize, CacheStamp) {
@@ -48,7 +48,7 @@ pub(super) async fn read_within_deadline(
             .buffer_unordered(window)
             .boxed()
     }));
-    let deadline = tokio::time::sleep(std::time::Duration::from_millis(deadline_ms));
+    let deadline = tokio::time::sleep(within);
     tokio::pin!(deadline);
     loop {
         tokio::select! {
@@ -67,7 +67,7 @@ pub(super) async fn read_within_deadline(
                 Err(Error::Timeout {
                     server: res.id.server.clone(),
                     what: format!("resources/read {} (injection deadline)", res.id.uri),
-                    after_ms: deadline_ms,
+                    after_ms: within.as_millis() as u64,
                 })
             })
         })

@@ -5,6 +5,10 @@
 //! reconnection with backoff when its process ended, and the bounded
 //! shutdown (close stdin, SIGTERM the group, SIGKILL it).
 
+// Signals to a process group and the parent-death signal are system calls
+// (`kill(2)`, `prctl(2)`) that std does not offer.
+#![allow(unsafe_code)]
+
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex as StdMutex};

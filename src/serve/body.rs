@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use futures::StreamExt;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -93,7 +93,7 @@ pub async fn read(
         Ok(Ok(bytes)) => Ok(Read { bytes, _held: held }),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(ApiError::new(
-            408,
+            StatusCode::REQUEST_TIMEOUT,
             "invalid_request_error",
             "request_timeout",
             format!("The request body took longer than {} ms to arrive (serve.body_timeout_ms)", timeout.as_millis()),
@@ -103,7 +103,7 @@ pub async fn read(
 
 fn busy(total: usize) -> ApiError {
     ApiError::new(
-        503,
+        StatusCode::SERVICE_UNAVAILABLE,
         "server_error",
         "server_busy",
         format!("The proxy holds as many request bytes as it may ({total}); retry shortly"),

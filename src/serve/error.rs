@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 #[derive(Debug)]
 pub struct ApiError {
     /// HTTP status.
-    pub status: u16,
+    pub status: StatusCode,
     /// OpenAI's `type`.
     pub kind: &'static str,
     /// OpenAI's `code`.
@@ -19,21 +19,21 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: u16, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
         Self { status, kind, code, message: message.into() }
     }
 
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(400, "invalid_request_error", code, message)
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
     }
 
     pub fn unauthorized(code: &'static str, message: &str) -> Self {
-        Self::new(401, "invalid_request_error", code, message)
+        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", code, message)
     }
 
     pub fn too_large(limit: usize) -> Self {
         Self::new(
-            413,
+            StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
             "request_too_large",
             format!("The request body is larger than this proxy accepts (serve.max_body_bytes = {limit} bytes)"),
@@ -46,7 +46,6 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({
             "error": {"message": self.message, "type": self.kind, "param": null, "code": self.code}
         });
-        (StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(body))
-            .into_response()
+        (self.status, axum::Json(body)).into_response()
     }
 }

@@ -13,6 +13,7 @@
 
 use axum::http::HeaderMap;
 use mcp_context::ServeSettings;
+use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -65,7 +66,7 @@ pub fn from_headers(s: &ServeSettings, headers: &HeaderMap) -> Result<FromHeader
         // which (or whether one) matched.
         let mut found: Option<&str> = None;
         for k in &s.keys {
-            if bool::from(k.sha256.ct_eq(&digest)) {
+            if bool::from(k.sha256.expose_secret().ct_eq(&digest[..])) {
                 found = Some(&k.user);
             }
         }
@@ -169,7 +170,7 @@ mod tests {
     use mcp_context::KeyDigest;
 
     fn settings() -> ServeSettings {
-        let digest = |k: &str| -> [u8; 32] { Sha256::digest(k.as_bytes()).into() };
+        let digest = |k: &str| -> secrecy::SecretSlice<u8> { Sha256::digest(k.as_bytes()).to_vec().into() };
         ServeSettings {
             keys: vec![
                 KeyDigest { sha256: digest("ka"), user: "alice".into() },

@@ -126,8 +126,8 @@ impl Metrics {
         }
     }
 
-    pub fn request(&self, route: &str, status: u16) {
-        self.requests.get_or_create(&vec![("route", route.to_owned()), ("status", status.to_string())]).inc();
+    pub fn request(&self, route: &str, status: axum::http::StatusCode) {
+        self.requests.get_or_create(&vec![("route", route.to_owned()), ("status", status.as_str().to_owned())]).inc();
     }
 
     pub fn upstream(&self, route: &str, seconds: f64) {

@@ -30,9 +30,10 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use mcp_context::{Config, ContextRequest, ExcludeReason, McpContext, Policy, Report, ServeSettings, UpstreamUser};
+use secrecy::ExposeSecret;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
@@ -87,7 +88,7 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
     }
     let base = opts
         .upstream
-        .or_else(|| settings.upstream.clone())
+        .or_else(|| settings.upstream.as_ref().map(|u| u.expose_secret().to_owned()))
         .or_else(|| std::env::var("OPENAI_BASE_URL").ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| mcp_context::DEFAULT_UPSTREAM.to_owned());
     if !(base.starts_with("http://") || base.starts_with("https://")) {
@@ -282,10 +283,10 @@ async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
                 Route::Ready => Ok(readyz(&state)),
                 Route::Metrics => Ok(metrics(&state)),
             };
-            (label, r.unwrap_or_else(IntoResponse::into_response))
+            (label, r.into_response())
         }
     };
-    state.metrics.request(label, response.status().as_u16());
+    state.metrics.request(label, response.status());
     response
 }
 
@@ -312,7 +313,7 @@ fn decide(state: &AppState, req: &Request) -> Result<Route, (&'static str, ApiEr
                                  stored objects and the endpoints listed in serve.passthrough"
             }
         };
-        ("unmatched", ApiError::new(404, "invalid_request_error", "unknown_url", message))
+        ("unmatched", ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "unknown_url", message))
     })?;
     json_content_type(req, &route).map_err(|e| (route.label(), e))?;
     Ok(route)
@@ -337,7 +338,7 @@ fn json_content_type(req: &Request, route: &Route) -> Result<(), ApiError> {
         Some("application/json") => Ok(()),
         Some("multipart/form-data") if *route == Route::Passthrough => Ok(()),
         _ => Err(ApiError::new(
-            415,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "invalid_request_error",
             "unsupported_media_type",
             "The request body must be sent as `Content-Type: application/json`",
@@ -400,7 +401,12 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     let query = mcp_context::Query::from_chat_json(&query_body);
     let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
-        ApiError::new(500, "server_error", "context_failed", format!("The context could not be built: {e}"))
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "context_failed",
+            format!("The context could not be built: {e}"),
+        )
     })?;
     let content = message.as_ref().map(|m| m.content.as_str());
     match kind {
@@ -525,13 +531,13 @@ async fn owned(state: &AppState, kind: Stored, id: &str, user: &str) -> Result<(
     match state.owners.check(kind, id, user).await {
         Verdict::Owner => Ok(()),
         Verdict::NotOwner => Err(ApiError::new(
-            404,
+            StatusCode::NOT_FOUND,
             "invalid_request_error",
             "not_found",
             format!("No {} found with id '{}'.", kind.name(), id.escape_debug()),
         )),
         Verdict::Unknown => Err(ApiError::new(
-            503,
+            StatusCode::SERVICE_UNAVAILABLE,
             "server_error",
             "ownership_unavailable",
             "Whose object this is cannot be checked now (the shared cache is unreachable); retry shortly",
@@ -548,7 +554,9 @@ fn name_upstream_user(s: &ServeSettings, obj: &mut JsonObject, user: &str) {
         }
         match s.upstream_user {
             UpstreamUser::Identified => obj.set(k, raw(user)),
-            UpstreamUser::Pseudonym => obj.set(k, raw(&pseudonym(s.pseudonym_key.as_deref().unwrap_or(""), user))),
+            UpstreamUser::Pseudonym => {
+                obj.set(k, raw(&pseudonym(s.pseudonym_key.as_ref().map_or("", |k| k.expose_secret()), user)))
+            }
             UpstreamUser::Drop => obj.remove(k),
         }
     }
@@ -654,44 +662,78 @@ async fn relay_other(state: &Shared, req: Request, created: Option<Stored>) -> R
 /// is shown (anyone may ask); `serve.readyz_details: true` adds the policy
 /// path, each server's state and the shared cache's.
 fn readyz(state: &AppState) -> Response {
-    let status = state.ctx.hub().status();
+    let servers = state.ctx.hub().status();
     // A shared cache that is down degrades, never blocks: requests go on
     // with the local cache and MCP reads.
-    let shared = state.ctx.shared_cache_status();
-    let degraded = status.iter().any(|s| !s.connected) || shared.as_ref().is_some_and(|s| !s.up);
-    let draining = state.draining.load(Ordering::SeqCst);
-    let word = if draining {
-        "draining"
-    } else if degraded {
-        "degraded"
+    let shared_cache = state.ctx.shared_cache_status();
+    let status = if state.draining.load(Ordering::SeqCst) {
+        ReadyState::Draining
+    } else if servers.iter().any(|s| !s.connected) || shared_cache.as_ref().is_some_and(|s| !s.up) {
+        ReadyState::Degraded
     } else {
-        "ready"
+        ReadyState::Ready
     };
-    let mut body = serde_json::json!({ "status": word });
-    if state.settings.readyz_details {
-        let servers: Vec<_> = status
-            .into_iter()
-            .map(|s| {
-                serde_json::json!({
-                    "name": s.name,
-                    "state": if s.connected { "connected" } else { "down" },
-                    "protocol": s.protocol,
-                    "resources": s.resources,
-                    "restarts": s.restarts,
-                    "problem": s.problem,
-                })
-            })
-            .collect();
-        body["policy"] = state
+    let details = state.settings.readyz_details.then(|| ReadyDetails {
+        policy: state
             .policy_path
             .as_ref()
-            .map_or("allow-all (no policy configured)".into(), |p| p.display().to_string())
-            .into();
-        body["servers"] = servers.into();
-        body["shared_cache"] = serde_json::to_value(shared).unwrap_or_default();
-    }
-    let code = if draining { axum::http::StatusCode::SERVICE_UNAVAILABLE } else { axum::http::StatusCode::OK };
-    (code, axum::Json(body)).into_response()
+            .map_or("allow-all (no policy configured)".into(), |p| p.display().to_string()),
+        servers: servers
+            .into_iter()
+            .map(|s| ServerReadiness {
+                state: if s.connected { ServerState::Connected } else { ServerState::Down },
+                name: s.name,
+                protocol: s.protocol,
+                resources: s.resources,
+                restarts: s.restarts,
+                problem: s.problem,
+            })
+            .collect(),
+        shared_cache,
+    });
+    let code = if status == ReadyState::Draining { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    (code, axum::Json(Readiness { status, details })).into_response()
+}
+
+/// The body of `/readyz`.
+#[derive(serde::Serialize)]
+struct Readiness {
+    status: ReadyState,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    details: Option<ReadyDetails>,
+}
+
+#[derive(serde::Serialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum ReadyState {
+    Ready,
+    Degraded,
+    Draining,
+}
+
+/// What `serve.readyz_details: true` adds.
+#[derive(serde::Serialize)]
+struct ReadyDetails {
+    policy: String,
+    servers: Vec<ServerReadiness>,
+    shared_cache: Option<mcp_context::SharedCacheStatus>,
+}
+
+#[derive(serde::Serialize)]
+struct ServerReadiness {
+    name: String,
+    state: ServerState,
+    protocol: Option<String>,
+    resources: usize,
+    restarts: u32,
+    problem: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+enum ServerState {
+    Connected,
+    Down,
 }
 
 fn metrics(state: &AppState) -> Response {

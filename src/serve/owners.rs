@@ -17,6 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 
 use super::routes::Stored;
@@ -139,12 +140,12 @@ struct RedisOwners {
 impl RedisOwners {
     fn new(cache: &mcp_context::CacheSettings) -> anyhow::Result<Self> {
         let client = match &cache.ca_file {
-            None => redis::Client::open(cache.url.as_str()),
+            None => redis::Client::open(cache.url.expose_secret()),
             Some(f) => {
                 let pem = std::fs::read(f)
                     .map_err(|e| anyhow::anyhow!("cache.ca_file `{}`: cannot read it: {e}", f.display()))?;
                 redis::Client::build_with_tls(
-                    cache.url.as_str(),
+                    cache.url.expose_secret(),
                     redis::TlsCertificates { client_tls: None, root_cert: Some(pem) },
                 )
             }

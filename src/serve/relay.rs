@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use futures::StreamExt;
 use mcp_context::ServeSettings;
+use secrecy::ExposeSecret;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
@@ -83,8 +84,8 @@ impl Upstream {
             .map_err(|e| anyhow::anyhow!("cannot build the upstream HTTP client: {e}"))?;
         let api_key = s
             .upstream_api_key
-            .as_deref()
-            .map(|k| HeaderValue::from_str(&format!("Bearer {k}")))
+            .as_ref()
+            .map(|k| HeaderValue::from_str(&format!("Bearer {}", k.expose_secret())))
             .transpose()
             .map_err(|_| anyhow::anyhow!("serve.upstream_api_key holds characters an HTTP header cannot carry"))?
             .map(|mut v| {
@@ -176,7 +177,7 @@ fn relay_response(upstream: reqwest::Response, permit: OwnedSemaphorePermit) -> 
 
 fn timeout(after: Duration) -> ApiError {
     ApiError::new(
-        504,
+        StatusCode::GATEWAY_TIMEOUT,
         "upstream_error",
         "upstream_timeout",
         format!("The upstream did not answer within {} ms (serve.upstream_timeout_ms)", after.as_millis()),
@@ -184,12 +185,12 @@ fn timeout(after: Duration) -> ApiError {
 }
 
 fn unavailable() -> ApiError {
-    ApiError::new(503, "server_error", "shutting_down", "The proxy is shutting down")
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down", "The proxy is shutting down")
 }
 
 fn unreachable(redacted: &str, e: &reqwest::Error) -> ApiError {
     ApiError::new(
-        502,
+        StatusCode::BAD_GATEWAY,
         "upstream_error",
         "upstream_unreachable",
         format!("The upstream {redacted} could not be reached: {}", describe(e)),
@@ -215,12 +216,5 @@ fn describe(e: &reqwest::Error) -> String {
 
 /// The base URL without userinfo or query, for messages.
 pub fn redact(url: &str) -> String {
-    let mut s = url.split(['?', '#']).next().unwrap_or(url).to_owned();
-    if let Some(i) = s.find("://") {
-        let rest = &s[i + 3..];
-        if let Some(at) = rest.find('@').filter(|at| !rest[..*at].contains('/')) {
-            s = format!("{}://***@{}", &s[..i], &rest[at + 1..]);
-        }
-    }
-    s
+    mcp_context::redact_url(url)
 }

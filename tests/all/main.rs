@@ -1,6 +1,9 @@
 //! One integration test binary (faster to build than many), one module per
 //! capability. Every test talks to real MCP servers over real transports.
 
+#![allow(unsafe_code, reason = "tests signal the processes they start and read clock ticks: kill(2), sysconf(3)")]
+#![allow(unreachable_pub, reason = "helpers shared between the test modules")]
+
 #[path = "../support/fixture.rs"]
 mod handler;
 

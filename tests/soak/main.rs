@@ -4,6 +4,9 @@
 //! open file descriptors and memory do not grow beyond a bound. Its own test
 //! binary, so the process figures are this test's alone.
 
+#![allow(unsafe_code, reason = "tests signal the processes they start and read clock ticks: kill(2), sysconf(3)")]
+#![allow(unreachable_pub, reason = "helpers shared between the test modules")]
+
 #[path = "../support/fixture.rs"]
 mod handler;
 
