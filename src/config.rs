@@ -235,6 +235,15 @@ struct RawServe {
     max_unidentified_body_bytes: Option<usize>,
     stored_retention_days: Option<u64>,
     max_stored_records: Option<usize>,
+    anthropic: Option<RawAnthropic>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAnthropic {
+    upstream: Option<String>,
+    api_key: Option<String>,
+    select: Option<crate::relevance::SelectMode>,
 }
 
 impl fmt::Debug for RawServe {
@@ -254,6 +263,8 @@ struct RawKey {
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 /// The upstream when neither the config, `--upstream` nor `$OPENAI_BASE_URL` names one.
 pub const DEFAULT_UPSTREAM: &str = "https://api.openai.com/v1";
+/// The Messages API upstream when `serve.anthropic.upstream` names none.
+pub const DEFAULT_ANTHROPIC_UPSTREAM: &str = "https://api.anthropic.com/v1";
 /// Default `serve.max_body_bytes` (10 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 10 << 20;
 
@@ -395,6 +406,35 @@ pub struct ServeSettings {
     /// Ownership records kept in this process (oldest dropped first: their
     /// objects then answer 404, never someone else's).
     pub max_stored_records: usize,
+    /// `serve.anthropic`: the Messages API route (`POST /v1/messages`);
+    /// `None`: that route answers 404.
+    pub anthropic: Option<AnthropicSettings>,
+}
+
+/// `serve.anthropic`: where `POST /v1/messages` goes, with which key, and
+/// how its context is chosen.
+#[derive(Clone)]
+pub struct AnthropicSettings {
+    /// Base URL ending before `/messages` (default [`DEFAULT_ANTHROPIC_UPSTREAM`]).
+    pub upstream: String,
+    /// Sent upstream as `x-api-key` (unless `serve.forward_authorization`,
+    /// where the caller's own `x-api-key` or `Authorization` goes instead).
+    pub api_key: Option<String>,
+    /// How this route chooses resources (default `priority`: the block then
+    /// depends only on the user, the policy and the resources, so it stays
+    /// byte-identical turn after turn and the prompt cache after it holds).
+    pub select: crate::relevance::SelectMode,
+}
+
+impl fmt::Debug for AnthropicSettings {
+    /// Never prints the key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AnthropicSettings")
+            .field("upstream", &redact_url(&self.upstream))
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .field("select", &self.select)
+            .finish()
+    }
 }
 
 impl Default for ServeSettings {
@@ -424,6 +464,7 @@ impl Default for ServeSettings {
             max_unidentified_body_bytes: 32 << 20,
             stored_retention: Duration::from_secs(30 * 24 * 3600),
             max_stored_records: 200_000,
+            anthropic: None,
         }
     }
 }
@@ -1399,6 +1440,38 @@ fn serve_settings(
             .map_err(|m| err_at(rule_nodes.get(i).map_or(node.pos, |n| n.pos), format!("serve.passthrough: {m}")))?;
         passthrough.push(rule);
     }
+    let anthropic = match &raw.anthropic {
+        None => None,
+        Some(a) => {
+            let at = |k: &str| node.get("anthropic").and_then(|n| n.get(k)).map_or(node.pos, |n| n.pos);
+            let expand_at = |k: &str, v: &str| {
+                expand_vars(v, env)
+                    .map_err(|token| err_at(at(k), format!("serve.anthropic.{k}: {}", unexpanded(&token))))
+            };
+            let upstream = a.upstream.as_deref().map(|u| expand_at("upstream", u)).transpose()?;
+            let upstream = upstream.unwrap_or_else(|| DEFAULT_ANTHROPIC_UPSTREAM.to_owned());
+            if !(upstream.starts_with("http://") || upstream.starts_with("https://")) {
+                return Err(err_at(
+                    at("upstream"),
+                    "serve.anthropic.upstream must start with http:// or https://".into(),
+                ));
+            }
+            let api_key = a.api_key.as_deref().map(|k| expand_at("api_key", k)).transpose()?;
+            if raw.forward_authorization && api_key.is_some() {
+                return Err(err_at(
+                    at("api_key"),
+                    "serve: `forward_authorization: true` sends the caller's own key upstream, and \
+                     `anthropic.api_key` gives another; keep one"
+                        .into(),
+                ));
+            }
+            Some(AnthropicSettings {
+                upstream,
+                api_key,
+                select: a.select.unwrap_or(crate::relevance::SelectMode::Priority),
+            })
+        }
+    };
     let upstream_user = raw.upstream_user.unwrap_or_default();
     let pseudonym_key = raw.pseudonym_key.as_deref().map(|k| expand("pseudonym_key", k)).transpose()?;
     if upstream_user == UpstreamUser::Pseudonym && pseudonym_key.as_deref().is_none_or(|k| k.len() < 16) {
@@ -1477,6 +1550,7 @@ fn serve_settings(
             86_400
                 * nonzero("stored_retention_days", raw.stored_retention_days, d.stored_retention.as_secs() / 86_400)?,
         ),
+        anthropic,
         max_stored_records: nonzero(
             "max_stored_records",
             raw.max_stored_records.map(|v| v as u64),
@@ -1666,6 +1740,27 @@ mod tests {
         assert_eq!(c.serve.max_body_bytes, 100);
         assert!(!format!("{c:?}").contains("s3cr3t"));
         assert_eq!(load("servers: {}\n").unwrap().serve.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    #[test]
+    fn serve_anthropic_section() {
+        let c = load("serve:\n  anthropic:\n    api_key: ${TOKEN}\n").unwrap();
+        let a = c.serve.anthropic.as_ref().unwrap();
+        assert_eq!((a.upstream.as_str(), a.api_key.as_deref()), (DEFAULT_ANTHROPIC_UPSTREAM, Some("s3cr3t")));
+        assert_eq!(a.select, crate::relevance::SelectMode::Priority, "caches first on this route");
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+        let c = load("serve:\n  anthropic: { upstream: \"http://h/v1\", select: relevance }\n").unwrap();
+        assert_eq!(c.serve.anthropic.unwrap().select, crate::relevance::SelectMode::Relevance);
+        assert!(load("servers: {}\n").unwrap().serve.anthropic.is_none());
+        for (src, at, text) in [
+            ("serve:\n  anthropic:\n    upstream: ftp://x\n", ":3:15", "must start with http"),
+            ("serve:\n  anthropic:\n    api_key: ${NOPE}\n", ":3:14", "`NOPE` is not set"),
+            ("serve:\n  anthropic:\n    key: x\n", ":3", "unknown field `key`"),
+            ("serve:\n  forward_authorization: true\n  anthropic:\n    api_key: k\n", ":4:14", "keep one"),
+        ] {
+            let e = load(src).unwrap_err().to_string();
+            assert!(e.contains(at) && e.contains(text), "{src:?}: {e}");
+        }
     }
 
     #[test]
