@@ -17,6 +17,7 @@ mod hosts;
 mod hub;
 mod inject;
 mod memory;
+mod messages;
 mod policy;
 mod protocol;
 mod relevance;
