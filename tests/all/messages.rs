@@ -251,13 +251,14 @@ fn post(proxy: &Proxy, path: &str, key: &str, body: String) -> reqwest::RequestB
 }
 
 /// A Claude Code-like body, written by hand so that its bytes are known:
-/// tools, three system blocks (two breakpoints), `thinking`, `metadata`, an
-/// unknown field, numbers a re-serialisation would change.
+/// tools, three system blocks (two breakpoints), a message with `role:
+/// "system"` last (as Claude Code 2.1 sends its environment), `thinking`,
+/// `metadata`, an unknown field, numbers a re-serialisation would change.
 const CALLER_SYSTEM: &str = r#"[{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},{"type":"text","text":"Env: linux"},{"type":"text","text":"Project notes","cache_control":{"type":"ephemeral"}}]"#;
 
 fn cc_body(system: &str, question: &str) -> String {
     format!(
-        r#"{{"model":"claude-sonnet-4-5","max_tokens":32000,"tools":[{{"name":"Glob","description":"find files","input_schema":{{"type":"object","properties":{{"pattern":{{"type":"string"}}}}}}}}],"system":{system},"messages":[{{"role":"user","content":[{{"type":"text","text":"<system-reminder>ctx</system-reminder>"}},{{"type":"text","text":{q},"cache_control":{{"type":"ephemeral"}}}}]}}],"thinking":{{"type":"enabled","budget_tokens":1024}},"metadata":{{"user_id":"user_abc_account__session_1"}},"temperature":1.0,"x_vendor":{{"big":123456789012345678901234567890}},"stream":false}}"#,
+        r#"{{"model":"claude-sonnet-4-5","max_tokens":32000,"tools":[{{"name":"Glob","description":"find files","input_schema":{{"type":"object","properties":{{"pattern":{{"type":"string"}}}}}}}}],"system":{system},"messages":[{{"role":"user","content":[{{"type":"text","text":"<system-reminder>ctx</system-reminder>"}},{{"type":"text","text":{q},"cache_control":{{"type":"ephemeral"}}}}]}},{{"role":"system","content":[{{"type":"text","text":"Environment:\n - Platform: linux"}}]}}],"thinking":{{"type":"enabled","budget_tokens":1024}},"metadata":{{"user_id":"user_abc_account__session_1"}},"temperature":1.0,"x_vendor":{{"big":123456789012345678901234567890}},"stream":false}}"#,
         q = serde_json::to_string(question).unwrap()
     )
 }
@@ -419,6 +420,14 @@ async fn errors_speak_anthropic_and_nothing_unidentified_or_unrouted_is_relayed(
     assert!(v["error"]["message"].as_str().unwrap().contains("x-api-key"), "{v}");
     let r = post(&proxy, "/v1/messages", "key-bob", body.to_owned()).bearer_auth("key-alice").send().await.unwrap();
     assert_eq!(r.status(), 401);
+    // Identity before the body: an unknown key with a 9 MB body announced is
+    // refused at once, the body never read.
+    let head = "POST /v1/messages HTTP/1.1\nHost: {host}\nx-api-key: key-eve\nContent-Type: application/json\n\
+                Content-Length: 9000000\nConnection: close\n\n";
+    let started = std::time::Instant::now();
+    let (status, _, text) = raw_http(&proxy.url, head, b"{").await;
+    assert_eq!(status, 401, "{text}");
+    assert!(started.elapsed() < Duration::from_secs(5), "answered before the body");
     // The Python SDK's way: Authorization: Bearer.
     let r = http()
         .post(format!("{}/v1/messages", proxy.url))
