@@ -767,3 +767,25 @@ async fn serve_on_a_projects_mcp_json_gives_claude_code_its_resources() {
     let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// A caller's `x-api-key` is its key to this proxy: never sent to the
+/// OpenAI upstream either.
+#[tokio::test]
+async fn x_api_key_never_reaches_the_openai_upstream() {
+    let up = crate::serve::Upstream::start().await;
+    let proxy = Proxy::start(&crate::serve::default_serve(), &up.base).await;
+    let r = proxy
+        .post(
+            "/v1/chat/completions",
+            Some("key-bob"),
+            &json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .header("x-api-key", "key-bob")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = up.seen();
+    assert!(!seen[0].headers.contains_key("x-api-key"), "{:?}", seen[0].headers);
+    assert_eq!(seen[0].headers["authorization"], "Bearer sk-upstream-1");
+}
