@@ -1,12 +1,13 @@
 //! The latency `mcp-context serve` adds over calling the same local upstream
 //! directly: p50 and p99 at 1, 16 and 64 concurrent clients, non-streamed
-//! (whole response) and streamed (time to first byte), with 1000 visible
+//! (whole response) and streamed (time to first byte), for chat completions
+//! and for Anthropic's Messages API (`--apis chat,messages`), with 1000 visible
 //! resources cached and a budget of 8000 tokens; throughput at 64 clients;
 //! the proxy's RSS over many requests.
 //!
 //! ```text
 //! cargo build --release --bin mcp-context --example bench_server --example bench_serve
-//! target/release/examples/bench_serve [--requests 2000] [--rss-requests 100000]
+//! target/release/examples/bench_serve [--requests 2000] [--rss-requests 100000] [--apis chat,messages]
 //! ```
 //!
 //! The upstream is an in-process axum server answering at once (a fixed
@@ -42,16 +43,42 @@ async fn upstream(body: axum::body::Bytes) -> axum::response::Response {
     ([("content-type", "application/json")], COMPLETION).into_response()
 }
 
+const MESSAGE: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hello from the upstream"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":1,"output_tokens":1}}"#;
+
+/// The Messages API: a fixed message, or its SSE events.
+async fn messages_upstream(body: axum::body::Bytes) -> axum::response::Response {
+    if memchr_stream(&body) {
+        let ev = |t: &str, d: &str| format!("event: {t}\ndata: {d}\n\n");
+        let sse = [
+            ev("message_start", r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":1,"output_tokens":1}}}"#),
+            ev("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#),
+            ev("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello!"}}"#),
+            ev("content_block_stop", r#"{"type":"content_block_stop","index":0}"#),
+            ev("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":1}}"#),
+            ev("message_stop", r#"{"type":"message_stop"}"#),
+        ]
+        .concat();
+        return ([("content-type", "text/event-stream")], sse).into_response();
+    }
+    ([("content-type", "application/json")], MESSAGE).into_response()
+}
+
 fn memchr_stream(body: &[u8]) -> bool {
     body.windows(14).any(|w| w == b"\"stream\":true")
 }
 
 /// One request; the latency to its whole body (or to its first chunk when streamed).
 async fn one(client: &reqwest::Client, url: &str, stream: bool) -> Duration {
-    let body = if stream {
-        r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"What is new?"}]}"#
-    } else {
-        r#"{"model":"gpt-4o","messages":[{"role":"user","content":"What is new?"}]}"#
+    let messages = url.ends_with("/messages");
+    let body = match (messages, stream) {
+        (false, true) => r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"What is new?"}]}"#,
+        (false, false) => r#"{"model":"gpt-4o","messages":[{"role":"user","content":"What is new?"}]}"#,
+        (true, true) => {
+            r#"{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"system":[{"type":"text","text":"You are a helper.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"What is new?"}]}"#
+        }
+        (true, false) => {
+            r#"{"model":"claude-sonnet-4-5","max_tokens":64,"system":[{"type":"text","text":"You are a helper.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"What is new?"}]}"#
+        }
     };
     let started = Instant::now();
     let resp = client.post(url).header("content-type", "application/json").body(body).send().await.expect("request");
@@ -108,11 +135,18 @@ async fn main() {
     let requests = flag(&args, "--requests", 2000);
     let rss_requests = flag(&args, "--rss-requests", 100_000);
     let n = flag(&args, "--n", 1000);
+    let apis = args
+        .iter()
+        .position(|a| a == "--apis")
+        .and_then(|i| args.get(i + 1))
+        .map_or_else(|| "chat,messages".to_owned(), String::clone);
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let direct_base = format!("http://{}/v1", listener.local_addr().unwrap());
     tokio::spawn(async move {
-        axum::serve(listener, Router::new().route("/v1/chat/completions", post(upstream))).await.unwrap();
+        let app =
+            Router::new().route("/v1/chat/completions", post(upstream)).route("/v1/messages", post(messages_upstream));
+        axum::serve(listener, app).await.unwrap();
     });
 
     let me = std::env::current_exe().unwrap();
@@ -125,7 +159,8 @@ async fn main() {
         &config,
         format!(
             "servers:\n  bench:\n    command: {server:?}\n    args: [\"--n\", \"{n}\", \"--size\", \"2048\"]\n    timeout_ms: 60000\n\
-             context:\n  max_tokens: 8000\nserve:\n  anonymous_user: bench\n  max_concurrent_upstream: 1024\n"
+             context:\n  max_tokens: 8000\nserve:\n  anonymous_user: bench\n  max_concurrent_upstream: 1024\n\
+             \x20 anthropic:\n    upstream: {direct_base}\n"
         ),
     )
     .unwrap();
@@ -159,29 +194,39 @@ async fn main() {
     for _ in 0..200 {
         one(&client, &via, false).await;
         one(&client, &direct, false).await;
+        one(&client, &format!("{proxy}/v1/messages"), false).await;
+        one(&client, &format!("{direct_base}/messages"), false).await;
     }
     let rss_start = rss_kib(pid);
 
     println!(
-        "\n| clients | mode | direct p50 | proxy p50 | added p50 | direct p99 | proxy p99 | added p99 | proxy req/s |"
+        "\n| api | clients | mode | direct p50 | proxy p50 | added p50 | direct p99 | proxy p99 | added p99 | proxy req/s |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for concurrency in [1, 16, 64] {
-        for stream in [false, true] {
-            let total = requests.max(concurrency) / concurrency * concurrency;
-            let (d, _) = run(&client, &direct, stream, concurrency, total).await;
-            let (p, wall) = run(&client, &via, stream, concurrency, total).await;
-            println!(
-                "| {concurrency} | {} | {:.3} | {:.3} | **{:.3}** | {:.3} | {:.3} | **{:.3}** | {:.0} |",
-                if stream { "streamed (TTFB)" } else { "whole response" },
-                pct(&d, 0.5),
-                pct(&p, 0.5),
-                pct(&p, 0.5) - pct(&d, 0.5),
-                pct(&d, 0.99),
-                pct(&p, 0.99),
-                pct(&p, 0.99) - pct(&d, 0.99),
-                total as f64 / wall,
-            );
+        for (api, direct, via) in [
+            ("chat", direct.clone(), via.clone()),
+            ("messages", format!("{direct_base}/messages"), format!("{proxy}/v1/messages")),
+        ] {
+            if !apis.split(',').any(|a| a == api) {
+                continue;
+            }
+            for stream in [false, true] {
+                let total = requests.max(concurrency) / concurrency * concurrency;
+                let (d, _) = run(&client, &direct, stream, concurrency, total).await;
+                let (p, wall) = run(&client, &via, stream, concurrency, total).await;
+                println!(
+                    "| {api} | {concurrency} | {} | {:.3} | {:.3} | **{:.3}** | {:.3} | {:.3} | **{:.3}** | {:.0} |",
+                    if stream { "streamed (TTFB)" } else { "whole response" },
+                    pct(&d, 0.5),
+                    pct(&p, 0.5),
+                    pct(&p, 0.5) - pct(&d, 0.5),
+                    pct(&d, 0.99),
+                    pct(&p, 0.99),
+                    pct(&p, 0.99) - pct(&d, 0.99),
+                    total as f64 / wall,
+                );
+            }
         }
     }
     println!("(ms; added = proxy - direct at the same percentile)");

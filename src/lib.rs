@@ -51,6 +51,7 @@ mod inject;
 mod jsonc;
 mod large;
 mod lru;
+mod messages;
 mod pipe;
 mod policy;
 mod relevance;
@@ -67,10 +68,10 @@ pub use budget::{TokenCache, Tokenizer};
 pub use cause::redact_url;
 pub use client::{ContextClient, ToolLoop};
 pub use config::{
-    CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_KEY_PREFIX,
-    DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM,
-    DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST, KeyDigest, MessageRole, PassthroughRule, Protocol, ServeSettings,
-    ServerConfig, Transport, UpstreamUser,
+    AnthropicSettings, CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_ANTHROPIC_UPSTREAM,
+    DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST,
+    KeyDigest, MessageRole, PassthroughRule, Protocol, ServeSettings, ServerConfig, Transport, UpstreamUser,
 };
 pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
 pub use error::{Error, Result};
@@ -80,6 +81,10 @@ pub use id::{MAX_USER_NAME_BYTES, ResourceId, user_name_problem};
 pub use inject::{
     INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
     inject_message, inject_message_json, is_context_message, is_context_message_json,
+};
+pub use messages::{
+    CacheBreakpoints, MAX_CACHE_BREAKPOINTS, context_block_json, inject_system_block_json, is_context_block_json,
+    messages_query_json,
 };
 pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
 pub use relevance::{

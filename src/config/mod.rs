@@ -46,7 +46,8 @@ pub use self::context::{ContextSettings, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_
 use self::env::Expander;
 use self::serve::RawServe;
 pub use self::serve::{
-    DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_UPSTREAM, KeyDigest, PassthroughRule, ServeSettings, UpstreamUser,
+    AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_UPSTREAM, KeyDigest,
+    PassthroughRule, ServeSettings, UpstreamUser,
 };
 use self::servers::RawServer;
 pub use self::servers::{Protocol, ServerConfig, Transport};

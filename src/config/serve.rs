@@ -48,6 +48,15 @@ pub(super) struct RawServe {
     max_unidentified_body_bytes: Option<usize>,
     stored_retention_days: Option<u64>,
     max_stored_records: Option<usize>,
+    anthropic: Option<RawAnthropic>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAnthropic {
+    upstream: Option<String>,
+    api_key: Option<String>,
+    select: Option<crate::relevance::SelectMode>,
 }
 
 #[derive(Deserialize)]
@@ -61,6 +70,8 @@ struct RawKey {
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 /// The upstream when neither the config, `--upstream` nor `$OPENAI_BASE_URL` names one.
 pub const DEFAULT_UPSTREAM: &str = "https://api.openai.com/v1";
+/// The Messages API upstream when `serve.anthropic.upstream` names none.
+pub const DEFAULT_ANTHROPIC_UPSTREAM: &str = "https://api.anthropic.com/v1";
 /// Default `serve.max_body_bytes` (10 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 10 << 20;
 
@@ -197,6 +208,24 @@ pub struct ServeSettings {
     /// Ownership records kept in this process (oldest dropped first: their
     /// objects then answer 404, never someone else's).
     pub max_stored_records: usize,
+    /// `serve.anthropic`: the Messages API route (`POST /v1/messages`);
+    /// `None`: that route answers 404.
+    pub anthropic: Option<AnthropicSettings>,
+}
+
+/// `serve.anthropic`: where `POST /v1/messages` goes, with which key, and
+/// how its context is chosen.
+#[derive(Clone, Debug)]
+pub struct AnthropicSettings {
+    /// Base URL ending before `/messages` (default [`DEFAULT_ANTHROPIC_UPSTREAM`]).
+    pub upstream: String,
+    /// Sent upstream as `x-api-key` (unless `serve.forward_authorization`,
+    /// where the caller's own `x-api-key` or `Authorization` goes instead).
+    pub api_key: Option<SecretString>,
+    /// How this route chooses resources (default `priority`: the block then
+    /// depends only on the user, the policy and the resources, so it stays
+    /// byte-identical turn after turn and the prompt cache after it holds).
+    pub select: crate::relevance::SelectMode,
 }
 
 impl Default for ServeSettings {
@@ -226,6 +255,7 @@ impl Default for ServeSettings {
             max_unidentified_body_bytes: 32 << 20,
             stored_retention: Duration::from_secs(30 * 24 * 3600),
             max_stored_records: 200_000,
+            anthropic: None,
         }
     }
 }
@@ -369,6 +399,36 @@ pub(super) fn settings(
             Err(m) => fail(err_at(rule_nodes.get(i).map_or(node.pos, |n| n.pos), format!("serve.passthrough: {m}"))),
         }
     }
+    let anthropic = raw.anthropic.as_ref().map(|a| {
+        let at = |k: &str| node.get("anthropic").and_then(|n| n.get(k)).map_or(node.pos, |n| n.pos);
+        let expand_at = |k: &str, v: &str| {
+            expand_vars(v, env)
+                .map_err(|token| err_at(at(k), format!("serve.anthropic.{k}: {}", unexpanded(&token))))
+                .unwrap_or_else(|e| {
+                    fail(e);
+                    String::new()
+                })
+        };
+        let upstream = a.upstream.as_deref().map(|u| expand_at("upstream", u));
+        let upstream = upstream.unwrap_or_else(|| DEFAULT_ANTHROPIC_UPSTREAM.to_owned());
+        if !(upstream.is_empty() || upstream.starts_with("http://") || upstream.starts_with("https://")) {
+            fail(err_at(at("upstream"), "serve.anthropic.upstream must start with http:// or https://".into()));
+        }
+        let api_key = a.api_key.as_deref().map(|k| expand_at("api_key", k));
+        if raw.forward_authorization && api_key.is_some() {
+            fail(err_at(
+                at("api_key"),
+                "serve: `forward_authorization: true` sends the caller's own key upstream, and \
+                 `anthropic.api_key` gives another; keep one"
+                    .into(),
+            ));
+        }
+        AnthropicSettings {
+            upstream,
+            api_key: api_key.map(SecretString::from),
+            select: a.select.unwrap_or(crate::relevance::SelectMode::Priority),
+        }
+    });
     let upstream_user = raw.upstream_user.unwrap_or_default();
     let pseudonym_key = expand_or_fail("pseudonym_key", raw.pseudonym_key.as_deref());
     if upstream_user == UpstreamUser::Pseudonym && pseudonym_key.as_deref().is_none_or(|k| k.len() < 16) {
@@ -451,6 +511,7 @@ pub(super) fn settings(
             raw.max_stored_records.map(|v| v as u64),
             d.max_stored_records as u64,
         ) as usize,
+        anthropic,
     };
     let problems = problems.into_inner();
     if problems.is_empty() { Ok(settings) } else { Err(problems) }

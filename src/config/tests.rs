@@ -133,6 +133,28 @@ mod loading {
     }
 
     #[test]
+    fn serve_anthropic_section() {
+        let c = load("serve:\n  anthropic:\n    api_key: ${TOKEN}\n").unwrap();
+        let a = c.serve.anthropic.as_ref().unwrap();
+        assert_eq!(a.upstream, DEFAULT_ANTHROPIC_UPSTREAM);
+        assert_eq!(a.api_key.as_ref().map(|k| k.expose_secret()), Some("s3cr3t"));
+        assert_eq!(a.select, crate::relevance::SelectMode::Priority, "caches first on this route");
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+        let c = load("serve:\n  anthropic: { upstream: \"http://h/v1\", select: relevance }\n").unwrap();
+        assert_eq!(c.serve.anthropic.unwrap().select, crate::relevance::SelectMode::Relevance);
+        assert!(load("servers: {}\n").unwrap().serve.anthropic.is_none());
+        for (src, at, text) in [
+            ("serve:\n  anthropic:\n    upstream: ftp://x\n", ":3:15", "must start with http"),
+            ("serve:\n  anthropic:\n    api_key: ${NOPE}\n", ":3:14", "`NOPE` is not set"),
+            ("serve:\n  anthropic:\n    key: x\n", ":3", "unknown field `key`"),
+            ("serve:\n  forward_authorization: true\n  anthropic:\n    api_key: k\n", ":4:14", "keep one"),
+        ] {
+            let e = load(src).unwrap_err().to_string();
+            assert!(e.contains(at) && e.contains(text), "{src:?}: {e}");
+        }
+    }
+
+    #[test]
     fn serve_errors_name_file_and_line() {
         let cases = [
             ("serve:\n  listen: x\n  upstream_key: y\n", "3:3", "unknown field `upstream_key`"),

@@ -692,9 +692,9 @@ fn ms(d: std::time::Duration) -> f64 {
 async fn load_policy(config: &Config) -> Result<Policy> {
     // Parsing and compiling an organisation's policy is CPU work: keep it off the runtime.
     match config.policy.clone() {
-        Some(p) => tokio::task::spawn_blocking(move || Policy::load(&p))
-            .await
-            .map_err(Error::task("policy loading"))?,
+        Some(p) => {
+            tokio::task::spawn_blocking(move || Policy::load(&p)).await.map_err(Error::task("policy loading"))?
+        }
         None => Ok(Policy::allow_all()),
     }
 }

@@ -15,6 +15,7 @@ mod created;
 mod error;
 pub mod identity;
 mod listen;
+mod messages;
 mod metrics;
 mod owners;
 mod path;
@@ -69,6 +70,8 @@ struct AppState {
     owners: Arc<Owners>,
     /// `Host` values accepted on `/v1/` (lower-case); `None`: any.
     hosts: Option<Vec<String>>,
+    /// The Messages API upstream (`serve.anthropic`), if configured.
+    anthropic: Option<messages::Anthropic>,
 }
 
 type Shared = Arc<AppState>;
@@ -99,6 +102,7 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
         .parse()
         .map_err(|_| anyhow::anyhow!("listen address `{}` is not IP:PORT (e.g. 127.0.0.1:8787)", settings.listen))?;
     let upstream = Upstream::new(&settings, base)?;
+    let anthropic = messages::Anthropic::new(&settings)?;
     let owners = Arc::new(Owners::new(&settings, &config.cache)?);
     // Signal handlers first: a SIGTERM that arrives while the servers start
     // must still drain and close them, not kill the process and orphan them.
@@ -117,6 +121,7 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
         unidentified: Budget::new(settings.max_unidentified_body_bytes),
         owners,
         hosts: allowed_hosts(&settings, local),
+        anthropic,
         settings: settings.clone(),
         upstream,
         metrics: Metrics::new(config.cache.backend == mcp_context::CacheBackend::Redis),
@@ -270,6 +275,8 @@ fn router(state: Shared) -> Router {
 /// for the others), never under the caller's spelling.
 async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
     let (label, response) = match decide(&state, &req) {
+        // Under /v1/messages our refusals speak Anthropic's error shape.
+        Err((label, e)) if messages::claims(req.uri().path()) => (label, messages::error_response(e)),
         Err((label, e)) => (label, e.into_response()),
         Ok(route) => {
             let label = route.label();
@@ -279,6 +286,9 @@ async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
                 Route::CreateConversation => relay_other(&state, req, Some(Stored::Conversation)).await,
                 Route::StoredObject { kind, id } => stored_object(&state, req, kind, &id).await,
                 Route::Passthrough => relay_other(&state, req, None).await,
+                Route::Messages => Ok(messages::handle(&state, req, messages::Endpoint::Messages).await),
+                Route::CountTokens => Ok(messages::handle(&state, req, messages::Endpoint::CountTokens).await),
+                Route::Root => Ok(axum::http::StatusCode::OK.into_response()),
                 Route::Health => Ok("ok\n".into_response()),
                 Route::Ready => Ok(readyz(&state)),
                 Route::Metrics => Ok(metrics(&state)),
@@ -309,7 +319,7 @@ fn decide(state: &AppState, req: &Request) -> Result<Route, (&'static str, ApiEr
                                  other callers' objects. Ask for each of yours by its id"
             }
             NoRoute::Unknown => {
-                "Unknown endpoint: this proxy relays chat completions, responses, the caller's own \
+                "Unknown endpoint: this proxy relays chat completions, responses, messages, the caller's own \
                                  stored objects and the endpoints listed in serve.passthrough"
             }
         };
@@ -326,7 +336,11 @@ fn json_content_type(req: &Request, route: &Route) -> Result<(), ApiError> {
     let h = req.headers();
     let declared = h.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     let has_body = declared.is_some_and(|n| n > 0) || (declared.is_none() && h.contains_key(header::TRANSFER_ENCODING));
-    let must = has_body || matches!(route, Route::Chat | Route::Responses | Route::CreateConversation);
+    let must = has_body
+        || matches!(
+            route,
+            Route::Chat | Route::Responses | Route::CreateConversation | Route::Messages | Route::CountTokens
+        );
     if !must {
         return Ok(());
     }

@@ -33,6 +33,8 @@ const NOT_FORWARDED: &[&str] = &[
     "host",
     "content-length",
     "authorization",
+    // A caller's key to this proxy in Anthropic's header: never the upstream's business.
+    "x-api-key",
     // The relay passes bytes through; asking for identity encoding keeps
     // SSE frames readable by the caller whatever it advertised to us.
     "accept-encoding",

@@ -46,8 +46,14 @@ pub enum Route {
         kind: Stored,
         id: String,
     },
+    /// `POST /v1/messages` (Anthropic's Messages API): injected.
+    Messages,
+    /// `POST /v1/messages/count_tokens`: injected, so the count includes ours.
+    CountTokens,
     /// An allowlisted endpoint: relayed as it is.
     Passthrough,
+    /// `HEAD /`: the reachability probe Claude Code sends first.
+    Root,
     Health,
     Ready,
     Metrics,
@@ -65,6 +71,9 @@ impl Route {
             Route::StoredObject { kind: Stored::Conversation, .. } => "/v1/conversations/{id}",
             // The label of the catch-all route before the allowlist, kept for dashboards.
             Route::Passthrough => "/v1/{*rest}",
+            Route::Messages => "/v1/messages",
+            Route::CountTokens => "/v1/messages/count_tokens",
+            Route::Root => "/",
             Route::Health => "/healthz",
             Route::Ready => "/readyz",
             Route::Metrics => "/metrics",
@@ -102,6 +111,12 @@ pub fn route(method: &Method, path: &Canonical, allow: &[PassthroughRule]) -> Re
         ("POST", ["v1", "chat", "completions"]) => return Ok(Route::Chat),
         ("POST", ["v1", "responses"]) => return Ok(Route::Responses),
         ("POST", ["v1", "conversations"]) => return Ok(Route::CreateConversation),
+        ("POST", ["v1", "messages"]) => return Ok(Route::Messages),
+        ("POST", ["v1", "messages", "count_tokens"]) => return Ok(Route::CountTokens),
+        ("HEAD", []) => return Ok(Route::Root),
+        // Batches and anything else under it would reach the model without
+        // the context: never opened by the allowlist.
+        (_, ["v1", "messages", ..]) => return Err(NoRoute::Unknown),
         (_, ["v1", "chat", "completions"] | ["v1", "responses"] | ["v1", "conversations"]) => {
             return Err(NoRoute::Listing);
         }
@@ -164,6 +179,12 @@ mod tests {
             assert_eq!(r(m, p), Err(NoRoute::Unknown), "{m} {p}");
         }
         assert_eq!(r("GET", "/v1/chat/completions"), Err(NoRoute::Listing));
+        assert_eq!(r("POST", "/v1/messages"), Ok(Route::Messages));
+        assert_eq!(r("POST", "/v1/m%65ssages/count_tokens"), Ok(Route::CountTokens));
+        assert_eq!(r("HEAD", "/"), Ok(Route::Root));
+        for (m, p) in [("POST", "/v1/messages/batches"), ("GET", "/v1/messages"), ("POST", "/v1/Messages")] {
+            assert_eq!(r(m, p), Err(NoRoute::Unknown), "{m} {p}");
+        }
         assert_eq!(r("GET", "/v1/models"), Ok(Route::Passthrough));
         assert_eq!(r("GET", "/v1/models/ft:gpt-4o:org::x"), Ok(Route::Passthrough));
         assert_eq!(r("POST", "/v1/embeddings"), Ok(Route::Passthrough));
@@ -185,5 +206,9 @@ mod tests {
         assert_eq!(get("/v1/files/f1"), Ok(Route::Passthrough));
         assert_eq!(get("/v1/chat/completions"), Err(NoRoute::Listing));
         assert_eq!(get("/v1/responses/x.y"), Err(NoRoute::Unknown));
+        assert_eq!(get("/v1/messages/batches"), Err(NoRoute::Unknown));
+        allow.push(PassthroughRule::parse("POST /v1/**").unwrap());
+        let post = |p: &str| route(&Method::POST, &Canonical::parse(p).unwrap(), &allow);
+        assert_eq!(post("/v1/messages/batches"), Err(NoRoute::Unknown));
     }
 }

@@ -21,6 +21,7 @@ mod hub;
 mod inject;
 mod latency;
 mod memory;
+mod messages;
 mod policy;
 mod protocol;
 mod relevance;

@@ -1,0 +1,314 @@
+//! The Anthropic Messages API route (`POST /v1/messages` and
+//! `/v1/messages/count_tokens`): who is calling (`x-api-key` or
+//! `Authorization: Bearer`, the same `serve.keys`), the caller's context as
+//! the last `system` block by the library's rules (`mcp_context::
+//! context_block_json`), the request relayed to `serve.anthropic.upstream`
+//! with the operator's key as `x-api-key`, and our errors in Anthropic's
+//! shape. Owns [`Anthropic`] (that upstream) and the error shape; imports
+//! the proxy's state, identity, body, relay and report header, nothing else
+//! of the proxy's.
+//!
+//! The body is held as raw fields ([`JsonObject`]): only `system` changes,
+//! and in it the caller's own blocks keep their bytes; a `system` string
+//! becomes `[{"type": "text", "text": <the same string>}, ours]`.
+
+use std::time::Instant;
+
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
+use axum::response::{IntoResponse, Response};
+use mcp_context::{
+    CacheBreakpoints, ContextRequest, SelectMode, ServeSettings, context_block_json, is_context_block_json,
+};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::body::{self, JsonObject, raw};
+use super::error::ApiError;
+use super::identity::{self, FromHeaders};
+use super::relay::{Outgoing, Upstream};
+use super::{REPORT_HEADER, Shared, compact_report};
+
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// Which Messages endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Messages,
+    CountTokens,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static [&'static str] {
+        match self {
+            Endpoint::Messages => &["messages"],
+            Endpoint::CountTokens => &["messages", "count_tokens"],
+        }
+    }
+}
+
+/// The Messages API upstream: its own connection pool and key.
+pub struct Anthropic {
+    upstream: Upstream,
+    api_key: Option<HeaderValue>,
+    forward: bool,
+    select: SelectMode,
+}
+
+impl Anthropic {
+    /// `None` when `serve.anthropic` is absent (the route then answers 404).
+    pub fn new(s: &ServeSettings) -> anyhow::Result<Option<Self>> {
+        let Some(a) = &s.anthropic else { return Ok(None) };
+        // The shared relay sends no credentials of its own here: ours go in
+        // `x-api-key`, set per request below.
+        let relay_settings = ServeSettings { upstream_api_key: None, ..s.clone() };
+        let upstream = Upstream::new(&relay_settings, a.upstream.clone())?;
+        let api_key = a
+            .api_key
+            .as_ref()
+            .map(|k| HeaderValue::from_str(secrecy::ExposeSecret::expose_secret(k)))
+            .transpose()
+            .map_err(|_| anyhow::anyhow!("serve.anthropic.api_key holds characters an HTTP header cannot carry"))?
+            .map(|mut v| {
+                v.set_sensitive(true);
+                v
+            });
+        Ok(Some(Self { upstream, api_key, forward: s.forward_authorization, select: a.select }))
+    }
+}
+
+/// Whether a raw request path is under `/v1/messages` (its refusals then
+/// use Anthropic's error shape).
+pub fn claims(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/") || path.starts_with("/v1/messages%")
+}
+
+/// One Messages request, answered: the upstream's response, or our error in Anthropic's shape.
+pub async fn handle(state: &Shared, req: Request, endpoint: Endpoint) -> Response {
+    match forward(state, req, endpoint).await {
+        Ok(r) => r,
+        Err(e) => error_response(e),
+    }
+}
+
+/// Our error as Anthropic's API writes its own: `{"type": "error", "error": {"type", "message"}}`.
+pub fn error_response(e: ApiError) -> Response {
+    let kind = match e.status.as_u16() {
+        400 | 415 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        408 | 504 => "timeout_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 => "overloaded_error",
+        _ => "api_error",
+    };
+    let body = serde_json::json!({"type": "error", "error": {"type": kind, "message": e.message}});
+    (e.status, axum::Json(body)).into_response()
+}
+
+/// The caller's headers as the identity chain reads them: an `x-api-key`
+/// becomes the bearer key it stands for. Two different keys, or a key sent
+/// twice, are refused rather than one of them chosen.
+fn identity_headers(headers: &HeaderMap) -> Result<std::borrow::Cow<'_, HeaderMap>, ApiError> {
+    let keys: Vec<_> = headers.get_all(&X_API_KEY).iter().collect();
+    let refuse = |m: &str| ApiError::unauthorized("invalid_api_key", m);
+    match keys.as_slice() {
+        [] => Ok(std::borrow::Cow::Borrowed(headers)),
+        [key] => {
+            let key = key.to_str().ok().map(str::trim).filter(|k| !k.is_empty() && !k.contains([' ', '\t']));
+            let key = key.ok_or_else(|| refuse("The `x-api-key` header is not a key; send `x-api-key: KEY`"))?;
+            if headers.contains_key(header::AUTHORIZATION) {
+                return match identity::bearer(headers) {
+                    Some(b) if b == key => Ok(std::borrow::Cow::Borrowed(headers)),
+                    _ => Err(refuse(
+                        "`x-api-key` and `Authorization` name different keys; send one of them (or the same key in both)",
+                    )),
+                };
+            }
+            let mut h = headers.clone();
+            let bearer = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| refuse("bad x-api-key"))?;
+            h.insert(header::AUTHORIZATION, bearer);
+            Ok(std::borrow::Cow::Owned(h))
+        }
+        _ => Err(refuse("Send one `x-api-key` header, not several")),
+    }
+}
+
+/// An identity refusal, told the way a Messages caller sends its key.
+fn for_messages_callers(mut e: ApiError) -> ApiError {
+    if e.status == 401 {
+        e.message =
+            e.message.replace("`Authorization: Bearer KEY`", "`x-api-key: KEY` (or `Authorization: Bearer KEY`)");
+    }
+    e
+}
+
+/// Identifies the caller from the headers (before any body is read), reads
+/// the body within its limits, puts the context last in `system`, forwards
+/// with the operator's key and relays the answer as it arrives.
+async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Response, ApiError> {
+    let Some(anthropic) = &state.anthropic else {
+        return Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "unknown_url",
+            "The Messages API is not enabled on this proxy: its operator has to add `serve.anthropic` \
+             (upstream and api_key) to the config",
+        ));
+    };
+    let (parts, body) = req.into_parts();
+    let s = &state.settings;
+    let headers = identity_headers(&parts.headers)?;
+    let (who, budgets) = super::caller(state, &headers).map_err(for_messages_callers)?;
+    drop(headers);
+    let user = match who {
+        FromHeaders::User(u, _) => u,
+        // The Messages API has no `user` field: anonymous_user, else 401.
+        FromHeaders::Body => identity::from_body(s, None).map_err(for_messages_callers)?.0,
+    };
+    let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
+    let mut obj = JsonObject::parse(&read.bytes)?;
+
+    let messages: Value = match obj.get("messages").map(|m| serde_json::from_str::<Value>(m.get())) {
+        Some(Ok(m @ Value::Array(_))) => m,
+        _ => return Err(ApiError::bad_request("missing_messages", "The body needs a `messages` array")),
+    };
+    let bad_system =
+        || ApiError::bad_request("invalid_system", "`system` must be a string or a list of content blocks (or absent)");
+    // The caller's own system blocks, each as sent; a string is one text block of the same string.
+    let (caller_blocks, was_string): (Vec<Box<RawValue>>, bool) = match obj.get("system") {
+        None => (Vec::new(), false),
+        Some(v) if v.get() == "null" => (Vec::new(), false),
+        Some(v) if v.get().starts_with('"') => {
+            let empty = serde_json::from_str::<String>(v.get()).map_err(|_| bad_system())?.is_empty();
+            let block = format!(r#"{{"type":"text","text":{}}}"#, v.get());
+            let block = RawValue::from_string(block).map_err(|_| bad_system())?;
+            (if empty { Vec::new() } else { vec![block] }, true)
+        }
+        Some(v) => (serde_json::from_str::<Vec<Box<RawValue>>>(v.get()).map_err(|_| bad_system())?, false),
+    };
+    let mut kept = Vec::with_capacity(caller_blocks.len() + 1);
+    let mut kept_values = Vec::with_capacity(caller_blocks.len());
+    let mut dropped = false;
+    for b in caller_blocks {
+        let v: Value = serde_json::from_str(b.get()).map_err(|_| bad_system())?;
+        // A block of ours (replayed history, or forged) never goes on.
+        if is_context_block_json(&v) {
+            dropped = true;
+        } else {
+            kept.push(b);
+            kept_values.push(v);
+        }
+    }
+    let tools: Option<Value> = obj.get("tools").and_then(|t| serde_json::from_str(t.get()).ok());
+    let top = obj.get("cache_control").is_some_and(|c| c.get().starts_with('{'));
+    let others = CacheBreakpoints::of_parts(tools.as_ref(), Some(&Value::Array(kept_values)), Some(&messages), top);
+
+    let started = Instant::now();
+    let mut request = ContextRequest::for_user(user.clone());
+    request.model = obj.str_field("model").filter(|m| !m.is_empty());
+    request.select = Some(anthropic.select);
+    // Priority mode does not rank: no query, so the same user's next turn
+    // is answered from the warm memo.
+    let query = match anthropic.select {
+        SelectMode::Priority => None,
+        _ => mcp_context::messages_query_json(&serde_json::json!({ "messages": messages })),
+    };
+    let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
+        tracing::error!(user = ?request.user, "context could not be built: {e}");
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "context_failed",
+            format!("The context could not be built: {e}"),
+        )
+    })?;
+    match message.as_ref().map(|m| m.content.as_str()) {
+        Some(content) => {
+            kept.push(raw(&context_block_json(content, others)));
+            obj.set("system", raw(&kept));
+        }
+        None if was_string && !dropped => {}
+        None if kept.is_empty() => obj.remove("system"),
+        None => obj.set("system", raw(&kept)),
+    }
+    state.metrics.injection(&report, started.elapsed().as_secs_f64());
+    tracing::info!(report = %serde_json::to_string(&report).unwrap_or_default(), "injected");
+    let forwarded = obj.to_vec();
+    drop(obj);
+
+    let mut headers = anthropic.upstream.headers_for_upstream(&parts.headers);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if anthropic.forward {
+        // The upstream authenticates the caller with the caller's own header.
+        if let Some(k) = parts.headers.get(&X_API_KEY) {
+            headers.insert(X_API_KEY, k.clone());
+        }
+    } else if let Some(k) = &anthropic.api_key {
+        headers.insert(X_API_KEY, k.clone());
+    }
+    let relayed = anthropic
+        .upstream
+        .send(Outgoing {
+            method: Method::POST,
+            path: endpoint.path(),
+            query: parts.uri.query(),
+            headers,
+            body: forwarded.into(),
+        })
+        .await?;
+    drop(read);
+    let label = match endpoint {
+        Endpoint::Messages => "/messages",
+        Endpoint::CountTokens => "/messages/count_tokens",
+    };
+    state.metrics.upstream(label, relayed.waited.as_secs_f64());
+    let mut response = relayed.response;
+    if let Ok(v) = HeaderValue::from_str(&compact_report(&report)) {
+        response.headers_mut().insert(REPORT_HEADER, v);
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        m
+    }
+
+    #[test]
+    fn x_api_key_stands_for_the_bearer_and_two_keys_are_refused() {
+        let sent = h(&[("x-api-key", "k1")]);
+        let got = identity_headers(&sent).unwrap();
+        assert_eq!(identity::bearer(&got), Some("k1"));
+        assert!(identity_headers(&h(&[("x-api-key", "k1"), ("authorization", "Bearer k1")])).is_ok());
+        for bad in [
+            h(&[("x-api-key", "k1"), ("authorization", "Bearer k2")]),
+            h(&[("x-api-key", "k1"), ("x-api-key", "k1")]),
+            h(&[("x-api-key", "a b")]),
+            h(&[("x-api-key", "")]),
+        ] {
+            assert_eq!(identity_headers(&bad).unwrap_err().status, 401, "{bad:?}");
+        }
+        let none = h(&[]);
+        assert!(identity::bearer(&identity_headers(&none).unwrap()).is_none());
+    }
+
+    #[test]
+    fn only_paths_under_messages_are_claimed() {
+        for p in ["/v1/messages", "/v1/messages/count_tokens", "/v1/messages/../x", "/v1/messages%2fx"] {
+            assert!(claims(p), "{p}");
+        }
+        for p in ["/v1/messagesx", "/v1/chat/completions", "/"] {
+            assert!(!claims(p), "{p}");
+        }
+    }
+}
