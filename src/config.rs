@@ -28,7 +28,8 @@ use serde::Deserialize;
 use crate::cause::redact_url;
 use crate::error::{Error, Result};
 use crate::id::{user_name_problem, validate_server_name};
-pub(crate) use crate::relevance::SelectMode;
+pub use crate::mode::MessageRole;
+pub(crate) use crate::mode::SelectMode;
 use crate::yaml::{self, Named, Node, OrderedMap, Pos};
 
 /// Default per-request timeout.
@@ -625,26 +626,6 @@ impl fmt::Debug for RawServer {
     }
 }
 
-/// Which message role carries the context.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum MessageRole {
-    /// A `system` message (default).
-    #[default]
-    System,
-    /// A `developer` message, for newer OpenAI models.
-    Developer,
-}
-
-impl fmt::Display for MessageRole {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            MessageRole::System => "system",
-            MessageRole::Developer => "developer",
-        })
-    }
-}
-
 /// The `context:` section.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -709,7 +690,7 @@ fn default_warm_memo_max_bytes() -> usize {
 }
 
 /// Default `context.chunk_index_max_bytes`: defined with the chunk index it bounds.
-pub use crate::relevance::DEFAULT_CHUNK_INDEX_MAX_BYTES;
+pub use crate::compose::DEFAULT_CHUNK_INDEX_MAX_BYTES;
 
 fn default_chunk_index_max_bytes() -> usize {
     DEFAULT_CHUNK_INDEX_MAX_BYTES
@@ -731,10 +712,10 @@ fn default_deadline_ms() -> u64 {
     15_000
 }
 fn default_chunk_tokens() -> usize {
-    crate::relevance::DEFAULT_CHUNK_TOKENS
+    crate::compose::DEFAULT_CHUNK_TOKENS
 }
 fn default_chunk_overlap() -> usize {
-    crate::relevance::DEFAULT_CHUNK_OVERLAP
+    crate::compose::DEFAULT_CHUNK_OVERLAP
 }
 
 impl Default for ContextSettings {

@@ -36,10 +36,10 @@
 /// types match ours exactly.
 pub use async_openai;
 
-mod budget;
 mod cache;
 mod cause;
 mod client;
+mod compose;
 mod config;
 mod context;
 #[cfg(feature = "cli")]
@@ -53,43 +53,45 @@ mod inject;
 mod jsonc;
 mod large;
 mod lru;
+mod mode;
 mod pipe;
 mod policy;
-mod relevance;
-mod render;
 mod report;
 mod resource;
+mod tokenize;
 mod tools;
 mod yaml;
 
-pub use budget::{TokenCache, Tokenizer};
 pub use client::{ContextClient, ToolLoop};
-pub use config::{
-    CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_KEY_PREFIX,
-    DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM,
-    DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST, KeyDigest, MessageRole, PassthroughRule, Protocol, ServeSettings,
-    ServerConfig, Transport, UpstreamUser,
+pub use compose::{
+    ChunkIndex, Composition, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS,
+    DEFAULT_PREAMBLE, DEFAULT_PRIORITY, EARLIER_TURN_WEIGHT, EARLIER_TURNS, EMPTY_CONTENT, MAX_QUERY_BYTES, Query,
+    compose, compose_by_relevance, render_text,
 };
-pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
+pub use config::{
+    CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST,
+    KeyDigest, PassthroughRule, Protocol, ServeSettings, ServerConfig, Transport, UpstreamUser,
+};
+pub use context::{ContextMessage, ContextRequest, McpContext};
 pub use error::{Error, Result};
-pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
+pub use gate::{Admitted, Refusal, Via, admit};
 pub use hub::{Hub, HubEvent, ServerStatus};
 pub use id::{MAX_USER_NAME_BYTES, ResourceId, user_name_problem};
 pub use inject::{
     INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
     inject_message, inject_message_json, is_context_message, is_context_message_json, latest_user_text_json,
 };
-pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
-pub use relevance::{
-    ChunkIndex, ChunkReport, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, EARLIER_TURN_WEIGHT, EARLIER_TURNS,
-    MAX_QUERY_BYTES, Query, SelectMode, compose_by_relevance,
+pub use mode::{MessageRole, SelectMode};
+pub use policy::{
+    Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary, canonical_uri,
 };
-pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 pub use report::{
-    ExcludeReason, Excluded, Included, Report, ServerFailure, ServerProtocol, SharedCacheReport, SharedCacheStatus,
-    Timings,
+    ChunkReport, ExcludeReason, Excluded, Included, Report, ServerFailure, ServerProtocol, SharedCacheReport,
+    SharedCacheStatus, Timings,
 };
 pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
+pub use tokenize::{TokenCache, Tokenizer};
 pub use tools::{
     LIST_TOOL, READ_TOOL, ResourceTools, ToolResult, add_tools, format_listing, is_resource_tool, tool_definitions,
 };

@@ -7,8 +7,20 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::config::MessageRole;
-use crate::relevance::{ChunkReport, SelectMode};
+use crate::mode::{MessageRole, SelectMode};
+
+/// One included chunk, for the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChunkReport {
+    /// Its position in the resource, from 0.
+    pub index: usize,
+    /// How many chunks the resource has.
+    pub count: usize,
+    /// Its tokens.
+    pub tokens: usize,
+    /// Its combined score (see the module docs), rounded to 3 decimals.
+    pub score: f64,
+}
 
 /// The shared cache (`cache.backend: redis`) as one request saw it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

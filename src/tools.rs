@@ -15,11 +15,12 @@ use async_openai::types::chat::{
 use futures::future::join_all;
 use serde_json::json;
 
-use crate::budget::{Tokenizer, cut_to_fit, marker};
+use crate::compose::render_text;
+use crate::compose::{cut_to_fit, marker};
 use crate::context::McpContext;
 use crate::id::ResourceId;
-use crate::render::render_text;
 use crate::resource::Resource;
+use crate::tokenize::Tokenizer;
 
 /// Name of the listing tool.
 pub const LIST_TOOL: &str = "list_mcp_resources";
@@ -210,7 +211,7 @@ impl<'a> ResourceTools<'a> {
 
 /// Cuts a tool result to at most `cap` tokens, marker included, with the
 /// packer's own truncation and marker (`[truncated: kept K of N tokens]`).
-fn cap_tokens(model: &str, cache: &crate::budget::TokenCache, text: String, cap: usize) -> String {
+fn cap_tokens(model: &str, cache: &crate::tokenize::TokenCache, text: String, cap: usize) -> String {
     let (tok, _) = Tokenizer::for_model(model);
     let total = cache.count(&tok, &text);
     if total <= cap {
@@ -220,6 +221,16 @@ fn cap_tokens(model: &str, cache: &crate::budget::TokenCache, text: String, cap:
         Some(cut) => cut.head,
         // Not even the marker fits: the marker alone says what happened.
         None => marker(0, total),
+    }
+}
+
+/// The adapter's entry point on the engine (here, so that the orchestrator
+/// does not import its adapters).
+impl McpContext {
+    /// The model-driven tools (`list_mcp_resources`, `read_mcp_resource`)
+    /// over this engine.
+    pub fn tools(&self) -> ResourceTools<'_> {
+        ResourceTools::new(self)
     }
 }
 
@@ -270,7 +281,7 @@ mod tests {
 
     #[test]
     fn caps_tool_results_with_the_marker() {
-        let cache = crate::budget::TokenCache::new();
+        let cache = crate::tokenize::TokenCache::new();
         let text = "word ".repeat(500);
         let (tok, _) = Tokenizer::for_model("gpt-4o");
         let total = tok.count(&text);

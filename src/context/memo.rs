@@ -6,11 +6,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::ContextMessage;
 use super::select::Selection;
-use super::{Composition, ContextMessage};
+use crate::compose::Composition;
 use crate::hub::Hub;
+use crate::mode::SelectMode;
 use crate::policy::{DecisionKey, Policy};
-use crate::relevance::SelectMode;
 use crate::report::{Excluded, Included, Report};
 use crate::resource::{Contents, Resource};
 

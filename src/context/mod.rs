@@ -21,20 +21,19 @@ use std::time::Instant;
 
 use async_openai::types::chat::CreateChatCompletionRequest;
 
-use crate::budget::{DEFAULT_MIN_USEFUL_TOKENS, PackInput, Packed, TokenCache, Tokenizer, pack, pack_in_place};
 use crate::cache::{ContentCache, Origin};
-use crate::config::{Config, ContextSettings, MessageRole};
+use crate::compose::{Candidate, ChunkIndex, Composer, DEFAULT_PREAMBLE, Query};
+use crate::config::{Config, ContextSettings};
 use crate::error::{Error, Result};
 use crate::gate::{Admitted, Refusal, admit};
 use crate::hub::Hub;
 use crate::id::ResourceId;
 use crate::inject::inject_message;
+use crate::mode::{MessageRole, SelectMode};
 use crate::policy::Policy;
-use crate::relevance::{Candidate, ChunkIndex, Query, SelectMode, compose_with_mode};
-use crate::render::DEFAULT_PREAMBLE;
-use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
+use crate::report::{ExcludeReason, Excluded, Report, Timings};
 use crate::resource::{Contents, Resource};
-use crate::tools::ResourceTools;
+use crate::tokenize::{TokenCache, Tokenizer};
 
 #[cfg(feature = "redis")]
 mod derived;
@@ -43,11 +42,11 @@ mod derived;
 mod derived {
     use std::sync::Arc;
 
-    use crate::budget::{TokenCache, Tokenizer};
     use crate::cache::{ContentCache, Origin};
+    use crate::compose::ChunkIndex;
     use crate::id::ResourceId;
-    use crate::relevance::ChunkIndex;
     use crate::resource::{Contents, Resource};
+    use crate::tokenize::{TokenCache, Tokenizer};
 
     pub(crate) struct Exchange;
 
@@ -86,9 +85,6 @@ use memo::{
     Composed, CompositionInputs, CompositionKey, CompositionMemo, Connections, SelectionMemo, WarmEntry, WarmKey,
     WarmMemo,
 };
-
-/// Priority given to resources that carry none.
-pub const DEFAULT_PRIORITY: f32 = 0.5;
 
 /// What to build the context for.
 #[derive(Debug, Clone, Default)]
@@ -244,12 +240,6 @@ impl McpContext {
     /// Token counts remembered by content, shared with tool results.
     pub(crate) fn token_cache(&self) -> Arc<TokenCache> {
         self.tokens.clone()
-    }
-
-    /// The model-driven tools (`list_mcp_resources`, `read_mcp_resource`)
-    /// over this engine.
-    pub fn tools(&self) -> ResourceTools<'_> {
-        ResourceTools::new(self)
     }
 
     /// Reads one requested resource for `user` as the model's read tool does:
@@ -460,7 +450,8 @@ impl McpContext {
                         .collect();
                     let pairs: Vec<_> = items.iter().map(|c| (c.resource, c.contents)).collect();
                     let used = exchange.seed(&tok, &cache, &index, &pairs);
-                    let c = compose_with_mode(&tok, &cache, &index, &preamble, budget, &items, mode, query.as_ref());
+                    let composer = Composer { tok: &tok, cache: &cache, index: &index, preamble: &preamble, budget };
+                    let c = composer.by_mode(&items, mode, query.as_ref());
                     let offered = (exchange.export(&tok, &cache, &index, &pairs), exchange);
                     drop(pairs);
                     let composed =
@@ -605,59 +596,6 @@ impl McpContext {
     /// Ends every server connection. Call before the runtime stops.
     pub async fn close(&self) {
         self.hub.close().await;
-    }
-}
-
-/// The result of [`compose`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct Composition {
-    /// The message content; `None` when nothing fits.
-    pub content: Option<String>,
-    /// Exact token count of `content` (0 when `None`).
-    pub tokens: usize,
-    /// Included resources, in message order.
-    pub included: Vec<Included>,
-    /// Resources left out for the budget.
-    pub dropped: Vec<Excluded>,
-}
-
-/// The pure middle of the pipeline, for callers that read resources
-/// themselves: renders already-read resources **in the given order** and
-/// packs them under `budget` (exact count, preamble included). Token counts
-/// are cached in `cache` by content, so a repeated call with unchanged
-/// contents tokenises nothing. CPU-bound: call it off the async runtime.
-pub fn compose(
-    tok: &Tokenizer,
-    cache: &TokenCache,
-    preamble: &str,
-    budget: usize,
-    items: &[(&Resource, &Contents)],
-) -> Composition {
-    let packed: Packed = match pack_in_place(tok, cache, preamble, budget, items) {
-        Ok(packed) => packed,
-        Err(blocks) => {
-            pack(tok, cache, PackInput { preamble, blocks, budget, min_useful_tokens: DEFAULT_MIN_USEFUL_TOKENS })
-        }
-    };
-    Composition {
-        content: packed.content,
-        tokens: packed.tokens,
-        included: packed
-            .included
-            .into_iter()
-            .map(|i| Included {
-                id: i.id.to_string(),
-                tokens: i.tokens,
-                truncated: i.truncated,
-                stale: false,
-                chunks: None,
-            })
-            .collect(),
-        dropped: packed
-            .dropped
-            .into_iter()
-            .map(|d| Excluded { id: d.id.to_string(), reason: ExcludeReason::Budget, detail: Some(d.detail) })
-            .collect(),
     }
 }
 

@@ -76,6 +76,7 @@
 //! * YAML errors and rule lines are located by `crate::yaml`, shared with
 //!   the config: positions come from the YAML parser, whatever the layout.
 
+mod canonical;
 mod compile;
 mod glob;
 mod matching;
@@ -93,6 +94,8 @@ use crate::error::Result;
 use crate::id::ResourceId;
 use crate::resource::Resource;
 
+pub(crate) use canonical::canonical_glob;
+pub use canonical::canonical_uri;
 use compile::{build, dedup, policy_error};
 use glob::Pattern;
 pub(crate) use matching::DecisionKey;

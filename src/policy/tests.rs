@@ -3,8 +3,8 @@
 use super::compile::json_quote;
 use super::glob::{glob_ref, mime_essence, mime_with_params};
 use super::*;
+use super::{canonical_glob, canonical_uri};
 use crate::error::Error;
-use crate::gate::{canonical_glob, canonical_uri};
 use proptest::prelude::*;
 
 /// The demo policy; it moves to `policies/default.yaml` in the real crate.
