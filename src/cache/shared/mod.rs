@@ -64,6 +64,9 @@ use scripts::{CLAIM, STORE, STORE_DERIVED, UNLOCK};
 mod commands;
 use commands::Commands;
 
+mod keys;
+use keys::{Keys, digest, identity, now_ms};
+
 mod events;
 use events::{describe, listen};
 
@@ -102,12 +105,6 @@ pub(crate) struct SharedRead {
     /// `Some` when the answer came from Redis: its remaining life (a local
     /// copy must not outlive it).
     pub(crate) remaining: Option<Duration>,
-}
-
-struct Keys {
-    data: String,
-    generation: String,
-    lock: String,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -182,43 +179,6 @@ impl Drop for SharedCache {
             t.abort();
         }
     }
-}
-
-fn hex(bytes: &[u8], len: usize) -> String {
-    bytes
-        .iter()
-        .flat_map(|b| [b >> 4, b & 15])
-        .take(len)
-        .map(|n| char::from_digit(n.into(), 16).unwrap_or('0'))
-        .collect()
-}
-
-fn digest(parts: &[&str]) -> String {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update(p.len().to_le_bytes());
-        h.update(p.as_bytes());
-    }
-    hex(&h.finalize(), 32)
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// A server's identity across replicas: its name and a digest of how it is
-/// reached (command and arguments, or URL). The environment is left out:
-/// it holds secrets and host-specific values, not what the server serves.
-fn identity(name: &str, transport: &Transport) -> String {
-    let fp = match transport {
-        Transport::Stdio { command, args, .. } => {
-            let mut parts = vec!["stdio", command.as_str()];
-            parts.extend(args.iter().map(String::as_str));
-            digest(&parts)
-        }
-        Transport::Http { url, .. } => digest(&["http", url]),
-    };
-    format!("{name}.{}", &fp[..16])
 }
 
 impl SharedCache {
