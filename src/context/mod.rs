@@ -17,12 +17,11 @@
 //! is still right).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use async_openai::types::chat::CreateChatCompletionRequest;
 
-use crate::cache::{ContentCache, Origin};
-use crate::compose::{Candidate, ChunkIndex, Composer, DEFAULT_PREAMBLE, Query};
+use crate::cache::ContentCache;
+use crate::compose::{ChunkIndex, Query};
 use crate::config::{Config, ContextSettings};
 use crate::error::{Error, Result};
 use crate::gate::{Admitted, Refusal, admit};
@@ -31,7 +30,7 @@ use crate::id::ResourceId;
 use crate::inject::inject_message;
 use crate::mode::{MessageRole, SelectMode};
 use crate::policy::Policy;
-use crate::report::{ExcludeReason, Excluded, Report, Timings};
+use crate::report::Report;
 use crate::resource::{Contents, Resource};
 use crate::tokenize::{TokenCache, Tokenizer};
 
@@ -81,10 +80,10 @@ mod memo;
 mod read;
 mod select;
 
-use memo::{
-    Composed, CompositionInputs, CompositionKey, CompositionMemo, Connections, SelectionMemo, WarmEntry, WarmKey,
-    WarmMemo,
-};
+mod request;
+
+use memo::{CompositionMemo, SelectionMemo, WarmMemo};
+use request::Run;
 
 /// What to build the context for.
 #[derive(Debug, Clone, Default)]
@@ -292,245 +291,31 @@ impl McpContext {
     /// Builds the context message for a request. `Ok((None, report))` when
     /// nothing is to be injected (the report says why).
     pub async fn build(&self, req: &ContextRequest) -> Result<(Option<ContextMessage>, Report)> {
-        self.build_for(req, req.query.as_deref().map(Query::text)).await
+        self.build_ranked(req, None).await
     }
 
     /// [`McpContext::build`] ranking by `query` in relevance mode when the
     /// request has no `query` of its own (which wins): how `serve` ranks by
     /// the conversation it relays ([`Query::from_chat_json`]), with the same
-    /// turns and weights as [`McpContext::inject`].
+    /// turns and weights as [`McpContext::inject`]. The one request path:
+    /// every other entry comes here (see `request.rs` for its steps).
     pub async fn build_ranked(
         &self,
         req: &ContextRequest,
         query: Option<Query>,
     ) -> Result<(Option<ContextMessage>, Report)> {
-        self.build_for(req, req.query.as_deref().map(Query::text).or(query)).await
-    }
-
-    /// [`McpContext::build`] ranking by `query` (relevance mode).
-    async fn build_for(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
-        let started = Instant::now();
-        let policy = self.policy();
-        let model = req.model.as_deref().unwrap_or(&self.settings.model);
-        let query_key = query.as_ref().map(Query::key);
-        // The warm path: nothing this request depends on has changed since
-        // the same request last ran (see `WarmMemo`).
-        let warm_key = req.selection.is_none().then(|| WarmKey {
-            user: req.user.clone(),
-            model: model.to_owned(),
-            budget: req.budget,
-            select: req.select,
-            query: query_key.clone(),
-        });
-        let listing_generation = self.hub.listing_generation();
-        if let Some(key) = &warm_key
-            && let Some((message, mut report)) =
-                self.warm.get(key, &policy, listing_generation, self.cache.version(), &self.hub)
-        {
-            report.failed_servers = self.hub.failures();
-            report.servers = self.hub.protocols();
-            // Everything came from the local cache this time.
-            report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
-                up: s.up,
-                error: s.error,
-                hits: 0,
-                derived: 0,
-            });
-            let total = ms(started.elapsed());
-            report.timings = Timings { select_ms: 0.0, read_ms: 0.0, pack_ms: 0.0, total_ms: total };
-            report.trace();
-            return Ok((message, report));
+        let query = req.query.as_deref().map(Query::text).or(query);
+        let run = Run::start(self, req, query);
+        if let Some(answer) = run.warm() {
+            return Ok(answer);
         }
-        let up = policy.for_user(&req.user);
-        let model = model.to_owned();
-        let (tok, warning) = self.tokenizer(&model).await?;
-        let ceiling = req.budget.unwrap_or(self.settings.max_tokens);
-        let budget = up.max_tokens().map_or(ceiling, |b| b.min(ceiling));
-        let mut report = Report {
-            user: req.user.clone(),
-            model,
-            encoding: tok.encoding().to_owned(),
-            role: Some(self.settings.role),
-            budget,
-            failed_servers: self.hub.failures(),
-            servers: self.hub.protocols(),
-            warnings: warning.into_iter().collect(),
-            ..Report::default()
-        };
-
-        // 1. Who may see what: decided before anything is read. Without a
-        // selection the answer depends only on the user and the listings, so
-        // it is remembered until a listing changes.
-        let selection = match &req.selection {
-            None => self
-                .selections
-                .get_or(up.decision_key(), listing_generation, &policy, || select::select(&self.hub, &up, None)),
-            Some(wanted) => Arc::new(select::select(&self.hub, &up, Some(wanted))),
-        };
-        Arc::make_mut(&mut report.excluded).extend(selection.excluded.iter().cloned());
-        let selected = &selection.resources;
-        let t_select = started.elapsed();
-        let any_selected = !selected.is_empty();
-
-        // 2. Read what is visible, concurrently (cache first).
-        let restarts_before: Vec<u32> = self.hub.status().iter().map(|s| s.restarts).collect();
-        // Before the lookup: a reconnection after it must void what is built here.
-        let connections = Connections::of(&self.hub, selected);
-        let (reads, hits, stamp) =
-            read::read_within_deadline(&self.hub, &self.cache, self.settings.deadline_ms, selected, &req.user).await;
-        report.cache_hits = hits;
-        report.cache_misses = selected.len() - hits;
-        report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
-            up: s.up,
-            error: s.error,
-            hits: reads.iter().filter(|r| r.as_ref().is_ok_and(|c| c.origin == Origin::Shared)).count(),
-            derived: 0,
-        });
-        for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
-            if s.restarts > before {
-                report.restarted_servers.push(s.name);
-            }
-        }
-        let t_read = started.elapsed();
-        let mut ready = Vec::with_capacity(selected.len());
-        let mut origins = Vec::with_capacity(selected.len());
-        let mut stale = std::collections::HashSet::new();
-        for (i, (r, got)) in selected.iter().zip(reads).enumerate() {
-            match got {
-                Ok(c) => {
-                    if c.stale {
-                        stale.insert(r.id.to_string());
-                    }
-                    ready.push((i, c.contents));
-                    origins.push(c.origin);
-                }
-                Err(e) => Arc::make_mut(&mut report.excluded).push(Excluded {
-                    id: r.id.to_string(),
-                    reason: ExcludeReason::Error,
-                    detail: Some(e.to_string()),
-                }),
-            }
-        }
-        let any_read = !ready.is_empty();
-
-        // 3. Render and fit the budget, off the async runtime (tokenising can be slow).
-        let preamble = self.settings.preamble.as_deref().unwrap_or(DEFAULT_PREAMBLE);
-        let mode = req.select.unwrap_or(self.settings.select);
-        let all_warm = hits == selected.len() && stale.is_empty();
-        let inputs = CompositionInputs {
-            encoding: tok.encoding(),
-            preamble,
-            budget,
-            mode,
-            query: query_key.as_deref(),
-            selection: &selection,
-            ready: &ready,
-        };
-        let mut derived_used = 0;
-        let packed = match self.compositions.find(&inputs) {
-            Some(hit) => hit,
-            None => {
-                // Token counts and chunks another replica computed for what
-                // came from the shared cache (`derived`).
-                let mut exchange = {
-                    let candidates: Vec<_> =
-                        ready.iter().zip(&origins).map(|((i, c), o)| (&*selection.resources[*i], c, *o)).collect();
-                    derived::Exchange::fetch(&self.cache, &self.chunks, &tok, &candidates, &req.user).await
-                };
-                let preamble = preamble.to_owned();
-                let cache = self.tokens.clone();
-                let compositions = self.compositions.clone();
-                let selection = selection.clone();
-                let index = self.chunks.clone();
-                let forced = req.selection.is_some();
-                let (composed, used, offered) = tokio::task::spawn_blocking(move || {
-                    let items: Vec<Candidate<'_>> = ready
-                        .iter()
-                        .map(|(i, c)| Candidate { resource: &selection.resources[*i], contents: c, forced })
-                        .collect();
-                    let pairs: Vec<_> = items.iter().map(|c| (c.resource, c.contents)).collect();
-                    let used = exchange.seed(&tok, &cache, &index, &pairs);
-                    let composer = Composer { tok: &tok, cache: &cache, index: &index, preamble: &preamble, budget };
-                    let c = composer.by_mode(&items, mode, query.as_ref());
-                    let offered = (exchange.export(&tok, &cache, &index, &pairs), exchange);
-                    drop(pairs);
-                    let composed =
-                        Arc::new(Composed { mode: c.mode, warnings: c.warnings, ..Composed::from(c.composition) });
-                    drop(items);
-                    compositions.put(
-                        CompositionKey {
-                            encoding: tok.encoding(),
-                            preamble,
-                            budget,
-                            mode,
-                            query: query_key,
-                            selection,
-                            ready,
-                        },
-                        composed.clone(),
-                    );
-                    (composed, used, offered)
-                })
-                .await
-                .map_err(|e| Error::Other(format!("packing failed: {e}")))?;
-                derived_used = used;
-                let (records, exchange) = offered;
-                exchange.finish(&self.cache, used, records, req.user.clone());
-                composed
-            }
-        };
-        if let Some(s) = &mut report.shared_cache {
-            s.derived = derived_used;
-        }
-        Arc::make_mut(&mut report.excluded).extend(packed.dropped.iter().cloned());
-        report.mode = any_read.then_some(packed.mode);
-        report.warnings.extend(packed.warnings.iter().cloned());
-        report.included = packed.included.clone();
-        for i in &mut report.included {
-            i.stale = stale.contains(&i.id);
-        }
-        report.tokens = packed.tokens;
-        let message = packed.content.clone().map(|content| ContextMessage {
-            role: self.settings.role,
-            content,
-            tokens: packed.tokens,
-        });
-        if message.is_none() {
-            report.reason = Some(if !any_selected {
-                "no resource is visible to this user".into()
-            } else if !any_read {
-                "every visible resource failed to read".into()
-            } else {
-                format!("nothing fits in the budget of {budget} tokens")
-            });
-        }
-        let total = started.elapsed();
-        report.timings = Timings {
-            select_ms: ms(t_select),
-            read_ms: ms(t_read - t_select),
-            pack_ms: ms(total - t_read),
-            total_ms: ms(total),
-        };
-        report.trace();
-        // Everything came from the cache: the same request gives the same
-        // answer until the cache, the listings, the policy or a connection
-        // changes, or one of these entries expires.
-        if let Some(key) = warm_key
-            && all_warm
-        {
-            self.warm.put(
-                key,
-                WarmEntry {
-                    policy,
-                    listing_generation,
-                    stamp,
-                    connections,
-                    message: message.clone(),
-                    report: report.clone(),
-                },
-            );
-        }
-        Ok((message, report))
+        let prepared = run.prepare().await?;
+        let selection = run.select(&prepared);
+        let t_select = run.elapsed();
+        let reads = run.read(&selection).await;
+        let t_read = run.elapsed();
+        let (composed, derived) = run.compose(&prepared, &selection, &reads).await?;
+        Ok(run.finish(prepared, &selection, reads, (&composed, derived), (t_select, t_read)))
     }
 
     /// The tokenizer for a model, loaded off the runtime the first time.
@@ -565,8 +350,9 @@ impl McpContext {
         if req.model.is_none() && !request.model.is_empty() {
             req.model = Some(request.model.clone());
         }
-        let query = req.query.as_deref().map(Query::text).or_else(|| Query::from_chat(&request));
-        let (message, report) = self.build_for(&req, query).await?;
+        // The request's own query wins (see `build_ranked`).
+        let query = if req.query.is_some() { None } else { Query::from_chat(&request) };
+        let (message, report) = self.build_ranked(&req, query).await?;
         inject_message(&mut request, message.as_ref().map(|m| m.content.as_str()), self.settings.role);
         Ok((request, report))
     }
@@ -585,7 +371,12 @@ impl McpContext {
     ) -> Result<(async_openai::types::responses::CreateResponse, Report)> {
         let mut req = ContextRequest::for_user(user);
         req.model = request.model.clone().filter(|m| !m.is_empty());
-        let (message, report) = self.build(&req).await?;
+        // Ranked by the user text of `input`, as `serve` ranks a relayed
+        // `/v1/responses` body ([`Query::from_chat_json`]).
+        let query = serde_json::to_value(&request.input)
+            .ok()
+            .and_then(|input| Query::from_chat_json(&serde_json::json!({ "input": input })));
+        let (message, report) = self.build_ranked(&req, query).await?;
         request.instructions = crate::inject::compose_instructions(
             request.instructions.as_deref(),
             message.as_ref().map(|m| m.content.as_str()),
@@ -601,7 +392,3 @@ impl McpContext {
 
 /// Models whose tokenizer is remembered; past this the memo starts over.
 const TOKENIZER_MEMO_MODELS: usize = 32;
-
-fn ms(d: std::time::Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
-}

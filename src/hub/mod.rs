@@ -149,6 +149,9 @@ struct Shared {
     closed: AtomicBool,
     /// Bumped whenever any server's listing is replaced.
     generation: AtomicU64,
+    /// Lost connections re-established so far, all servers together: the
+    /// clock of [`State::restarted_at`](server::State).
+    restarts: AtomicU64,
 }
 
 /// Connections to every configured server. Cheap to clone; all clones share
@@ -178,6 +181,7 @@ impl Hub {
             relist_tx,
             closed: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
         });
         join_all(shared.servers.iter().map(|s| async {
             if !connect_one(&shared, s, false).await {
@@ -262,6 +266,20 @@ impl Hub {
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
+    }
+
+    /// A mark of the restarts so far, for [`Hub::restarted_since`].
+    pub(crate) fn restart_mark(&self) -> u64 {
+        self.shared.restarts.load(Ordering::SeqCst)
+    }
+
+    /// The servers whose lost connection was re-established after `mark`
+    /// was taken ([`Hub::restart_mark`]), in config order.
+    pub(crate) fn restarted_since(&self, mark: u64) -> Vec<String> {
+        if self.restart_mark() == mark {
+            return Vec::new();
+        }
+        self.shared.servers.iter().filter(|s| s.state().restarted_at > mark).map(|s| s.cfg.name.clone()).collect()
     }
 
     /// Changes whenever any listing is replaced (connect, re-list, restart),
