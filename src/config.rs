@@ -673,7 +673,7 @@ pub struct ContextSettings {
     /// Bytes the chunk index (relevance mode's passages, terms and token
     /// offsets per content version, with the contents they were cut from)
     /// may keep, all resources and users together (approximate: see
-    /// [`ChunkIndex`](crate::ChunkIndex)). Past it the least recently used
+    /// [`ChunkIndex`](crate::compose::ChunkIndex)). Past it the least recently used
     /// content versions go first; one larger than the bound is chunked for
     /// each request and not kept. `0` keeps none. Default
     /// [`DEFAULT_CHUNK_INDEX_MAX_BYTES`].

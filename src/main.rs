@@ -17,7 +17,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use mcp_context::{Config, ContextRequest, Hub, McpContext, Policy, ResourceId, Via, render_text};
+use mcp_context::access::Via;
+use mcp_context::compose::render_text;
+use mcp_context::servers::Hub;
+use mcp_context::{Config, ContextRequest, McpContext, Policy, ResourceId};
 
 #[cfg(feature = "serve")]
 mod serve;
@@ -297,7 +300,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 // The same gate as every other requested URI: decide on what would be read.
                 let up = policy.for_user(&user);
                 let mut out = std::io::stdout().lock();
-                match mcp_context::admit(&hub, &up, &id) {
+                match mcp_context::access::admit(&hub, &up, &id) {
                     Err(why) => {
                         writeln!(out, "DENY {id} for user {user}")?;
                         writeln!(out, "  refused before the policy: {why}")?;
@@ -490,7 +493,7 @@ fn list(hub: &Hub, server: Option<&str>, json: bool, verbose: bool) -> anyhow::R
         writeln!(out, "{}", serde_json::to_string_pretty(&v).context("serialising the listing")?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    write!(out, "{}", mcp_context::format_listing(&resources, server))?;
+    write!(out, "{}", mcp_context::tools::format_listing(&resources, server))?;
     // Templates under their own heading: `--json` has them, so does the text.
     let templates: Vec<_> = hub.templates().into_iter().filter(|t| server.is_none_or(|s| t.server == s)).collect();
     if !templates.is_empty() {
@@ -518,7 +521,7 @@ fn list(hub: &Hub, server: Option<&str>, json: bool, verbose: bool) -> anyhow::R
 
 /// One server in `list --verbose`, e.g.
 /// `- docs: protocol 2026-07-28, 12 resources, 0 templates`.
-fn server_line(s: &mcp_context::ServerStatus) -> String {
+fn server_line(s: &mcp_context::servers::ServerStatus) -> String {
     let clean = |t: &str| t.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>();
     let mut line = format!("- {}: ", s.name);
     match (&s.protocol, s.connected) {

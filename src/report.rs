@@ -22,6 +22,50 @@ pub struct ChunkReport {
     pub score: f64,
 }
 
+/// The resources a [`Report`] left out: a list (it dereferences to
+/// `[Excluded]`, and serializes as one). Shared: an unchanged request hands
+/// out the list remembered with its message instead of copying it (with a
+/// thousand visible resources and a small budget it is most of the report),
+/// so cloning a report is cheap.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Exclusions(Arc<Vec<Excluded>>);
+
+impl std::ops::Deref for Exclusions {
+    type Target = [Excluded];
+    fn deref(&self) -> &[Excluded] {
+        &self.0
+    }
+}
+
+impl From<Vec<Excluded>> for Exclusions {
+    fn from(v: Vec<Excluded>) -> Self {
+        Exclusions(Arc::new(v))
+    }
+}
+
+impl FromIterator<Excluded> for Exclusions {
+    fn from_iter<I: IntoIterator<Item = Excluded>>(iter: I) -> Self {
+        Exclusions(Arc::new(iter.into_iter().collect()))
+    }
+}
+
+impl<'a> IntoIterator for &'a Exclusions {
+    type Item = &'a Excluded;
+    type IntoIter = std::slice::Iter<'a, Excluded>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl Exclusions {
+    /// Adds one (copying the list only if it is shared).
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, e: Excluded) {
+        Arc::make_mut(&mut self.0).push(e);
+    }
+}
+
 /// The shared cache (`cache.backend: redis`) as one request saw it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct SharedCacheReport {
@@ -175,11 +219,8 @@ pub struct Report {
     pub tokens: usize,
     /// In the message, in message order.
     pub included: Vec<Included>,
-    /// Left out. Shared: an unchanged request hands out the list remembered
-    /// with its message instead of copying it (with a thousand visible
-    /// resources and a small budget it is most of the report), so cloning a
-    /// report is cheap; change it with `Arc::make_mut`.
-    pub excluded: Arc<Vec<Excluded>>,
+    /// Left out, with the reason for each.
+    pub excluded: Exclusions,
     /// Servers that could not be used, or whose listing is incomplete.
     pub failed_servers: Vec<ServerFailure>,
     /// The revision each connected server speaks.

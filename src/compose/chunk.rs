@@ -155,7 +155,7 @@ impl text_splitter::ChunkSizer for OffsetSizer<'_> {
 /// block shows checked on every hit.
 ///
 /// Bounded in bytes (`context.chunk_index_max_bytes`, default
-/// [`DEFAULT_CHUNK_INDEX_MAX_BYTES`](crate::DEFAULT_CHUNK_INDEX_MAX_BYTES)),
+/// [`DEFAULT_CHUNK_INDEX_MAX_BYTES`](DEFAULT_CHUNK_INDEX_MAX_BYTES)),
 /// and to 8192 entries: past the bytes, the least recently used content
 /// versions go until 7/8 of the bound is left; past the count, the least
 /// recently used half. An entry's bytes are an estimate: the contents it
@@ -244,7 +244,7 @@ static USE_CLOCK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 impl ChunkIndex {
     /// An empty index cutting chunks of `chunk_tokens` tokens, `overlap`
     /// shared with the neighbour (at most half a chunk), keeping at most
-    /// about [`DEFAULT_CHUNK_INDEX_MAX_BYTES`](crate::DEFAULT_CHUNK_INDEX_MAX_BYTES)
+    /// about [`DEFAULT_CHUNK_INDEX_MAX_BYTES`](DEFAULT_CHUNK_INDEX_MAX_BYTES)
     /// (see [`ChunkIndex::with_max_bytes`]).
     pub fn new(chunk_tokens: usize, overlap: usize) -> Self {
         let chunk_tokens = chunk_tokens.max(1);

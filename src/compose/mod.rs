@@ -25,7 +25,6 @@ use std::sync::Arc;
 use crate::mode::SelectMode;
 use crate::report::{ExcludeReason, Excluded, Included};
 use crate::resource::{Contents, Resource};
-use crate::tokenize::{TokenCache, Tokenizer};
 
 mod chunk;
 mod pack;
@@ -35,6 +34,8 @@ mod rank;
 mod render;
 mod terms;
 
+/// The tokenizer every composition counts with.
+pub use crate::tokenize::{TokenCache, Tokenizer};
 #[cfg(feature = "redis")]
 pub(crate) use chunk::term_probe;
 pub(crate) use chunk::{Chunk, Chunked};

@@ -465,7 +465,7 @@ mod tests {
         let mut e = entry(&policy, 4_000);
         let small = e.bytes(&key("ann"));
         assert!(small >= 4_000);
-        Arc::make_mut(&mut e.report.excluded).push(Excluded {
+        e.report.excluded.push(Excluded {
             id: "fx:fx://doc".into(),
             reason: crate::report::ExcludeReason::Budget,
             detail: Some("d".repeat(3_000)),

@@ -296,7 +296,7 @@ impl<'a> Run<'a> {
             budget: p.budget,
             tokens: composed.tokens,
             included,
-            excluded: Arc::new(excluded),
+            excluded: excluded.into(),
             failed_servers: p.failed_servers,
             servers: p.servers,
             restarted_servers: reads.restarted_servers,

@@ -32,7 +32,8 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
-use mcp_context::{Config, ContextRequest, ExcludeReason, McpContext, Policy, Report, ServeSettings, UpstreamUser};
+use mcp_context::settings::{ServeSettings, UpstreamUser};
+use mcp_context::{Config, ContextRequest, ExcludeReason, McpContext, Policy, Report};
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
@@ -89,7 +90,7 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
         .upstream
         .or_else(|| settings.upstream.clone())
         .or_else(|| std::env::var("OPENAI_BASE_URL").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| mcp_context::DEFAULT_UPSTREAM.to_owned());
+        .unwrap_or_else(|| mcp_context::settings::DEFAULT_UPSTREAM.to_owned());
     if !(base.starts_with("http://") || base.starts_with("https://")) {
         anyhow::bail!("the upstream `{}` must start with http:// or https://", relay::redact(&base));
     }
@@ -118,7 +119,7 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
         hosts: allowed_hosts(&settings, local),
         settings: settings.clone(),
         upstream,
-        metrics: Metrics::new(config.cache.backend == mcp_context::CacheBackend::Redis),
+        metrics: Metrics::new(config.cache.backend == mcp_context::settings::CacheBackend::Redis),
         policy_path: config.policy.clone(),
         draining: AtomicBool::new(false),
     });
@@ -397,7 +398,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     request.model = obj.str_field("model").filter(|m| !m.is_empty());
     // Relevance mode ranks by the conversation: the latest user turn, earlier
     // ones with less weight, exactly as the library's typed `inject`.
-    let query = mcp_context::Query::from_chat_json(&query_body);
+    let query = mcp_context::compose::Query::from_chat_json(&query_body);
     let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(500, "server_error", "context_failed", format!("The context could not be built: {e}"))
@@ -415,7 +416,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
                     name: &'a str,
                 }
                 let role = state.ctx.settings().role.to_string();
-                messages.insert(0, raw(&Ours { role, content, name: mcp_context::MESSAGE_NAME }));
+                messages.insert(0, raw(&Ours { role, content, name: mcp_context::inject::MESSAGE_NAME }));
             }
             obj.set("messages", raw(&messages));
         }
@@ -471,7 +472,7 @@ fn is_ours(m: &RawValue) -> bool {
     }
     serde_json::from_str::<Peek>(m.get()).is_ok_and(|p| {
         matches!(p.role.as_deref(), Some("system" | "developer"))
-            && p.name.as_ref().and_then(|n| n.as_str()) == Some(mcp_context::MESSAGE_NAME)
+            && p.name.as_ref().and_then(|n| n.as_str()) == Some(mcp_context::inject::MESSAGE_NAME)
     })
 }
 
@@ -490,10 +491,12 @@ fn set_instructions(obj: &mut JsonObject, content: Option<&str>) -> Result<(), A
         })?),
     };
     let had_field = obj.get("instructions").is_some();
-    match mcp_context::compose_instructions(existing.as_deref(), content) {
+    match mcp_context::inject::compose_instructions(existing.as_deref(), content) {
         Some(text) => obj.set("instructions", raw(&text)),
         // Nothing to say, and the caller's own part was empty or only ours: as it was, or removed.
-        None if had_field && existing.as_deref().is_some_and(|e| e.starts_with(mcp_context::INSTRUCTIONS_OPEN)) => {
+        None if had_field
+            && existing.as_deref().is_some_and(|e| e.starts_with(mcp_context::inject::INSTRUCTIONS_OPEN)) =>
+        {
             obj.remove("instructions")
         }
         None => {}

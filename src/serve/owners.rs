@@ -55,7 +55,10 @@ fn digest(user: &str) -> [u8; 32] {
 }
 
 impl Owners {
-    pub fn new(settings: &mcp_context::ServeSettings, cache: &mcp_context::CacheSettings) -> anyhow::Result<Self> {
+    pub fn new(
+        settings: &mcp_context::settings::ServeSettings,
+        cache: &mcp_context::settings::CacheSettings,
+    ) -> anyhow::Result<Self> {
         #[cfg(not(feature = "redis"))]
         let _ = cache;
         Ok(Self {
@@ -63,7 +66,9 @@ impl Owners {
             max: settings.max_stored_records,
             retention: settings.stored_retention,
             #[cfg(feature = "redis")]
-            redis: (cache.backend == mcp_context::CacheBackend::Redis).then(|| RedisOwners::new(cache)).transpose()?,
+            redis: (cache.backend == mcp_context::settings::CacheBackend::Redis)
+                .then(|| RedisOwners::new(cache))
+                .transpose()?,
         })
     }
 
@@ -137,7 +142,7 @@ struct RedisOwners {
 
 #[cfg(feature = "redis")]
 impl RedisOwners {
-    fn new(cache: &mcp_context::CacheSettings) -> anyhow::Result<Self> {
+    fn new(cache: &mcp_context::settings::CacheSettings) -> anyhow::Result<Self> {
         let client = match &cache.ca_file {
             None => redis::Client::open(cache.url.as_str()),
             Some(f) => {
@@ -200,8 +205,8 @@ mod tests {
     use super::*;
 
     fn owners(max: usize) -> Owners {
-        let s = mcp_context::ServeSettings { max_stored_records: max, ..Default::default() };
-        Owners::new(&s, &mcp_context::CacheSettings::default()).unwrap()
+        let s = mcp_context::settings::ServeSettings { max_stored_records: max, ..Default::default() };
+        Owners::new(&s, &mcp_context::settings::CacheSettings::default()).unwrap()
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@
 //! Imports the path type and the config's rule type only.
 
 use axum::http::Method;
-use mcp_context::PassthroughRule;
+use mcp_context::settings::PassthroughRule;
 
 use super::path::Canonical;
 

@@ -215,7 +215,7 @@ async fn eval_python_faq() {
     let chunk: usize = std::env::var("FAQ_CHUNK_TOKENS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(mcp_context::DEFAULT_CHUNK_TOKENS);
+        .unwrap_or(mcp_context::compose::DEFAULT_CHUNK_TOKENS);
     let yaml = format!(
         "servers:\n{}context:\n  chunk_tokens: {chunk}\n  chunk_overlap: {}\n",
         fixture_server("kb", &t, &["--n", "0", "--dir", data.join("kb").to_str().unwrap()]),

@@ -159,14 +159,14 @@ async fn python_sdk_server_over_legacy_sse() {
     let dir = tempfile::tempdir().unwrap();
     let (_server, port) = python_sse_server(&py, dir.path()).await;
     let yaml = format!("servers:\n  s:\n    type: sse\n    url: http://127.0.0.1:{port}/sse\n    timeout_ms: 20000\n");
-    let hub = mcp_context::Hub::connect(&config(&yaml)).await;
+    let hub = mcp_context::servers::Hub::connect(&config(&yaml)).await;
     assert!(hub.failures().is_empty(), "{:?}", hub.failures());
     assert!(hub.status()[0].listing_complete);
     let mut uris: Vec<String> = hub.resources().iter().map(|r| r.id.uri.clone()).collect();
     uris.sort();
     assert_eq!(uris, ["fx://blob", "fx://doc/0", "fx://doc/1", "fx://doc/2", "fx://doc/3", "fx://doc/4", "fx://live"]);
     let text = hub.read(&mcp_context::ResourceId::parse("s:fx://doc/1").unwrap()).await.unwrap();
-    assert!(mcp_context::render_text(&text, None).contains("Document 1"), "{text:?}");
+    assert!(mcp_context::compose::render_text(&text, None).contains("Document 1"), "{text:?}");
     let blob = hub.read(&mcp_context::ResourceId::parse("s:fx://blob").unwrap()).await.unwrap();
     assert!(matches!(blob.parts[0], mcp_context::ContentPart::Blob { .. }), "{blob:?}");
     let missing = hub.read(&mcp_context::ResourceId::parse("s:fx://doc/999").unwrap()).await.unwrap_err();
@@ -175,7 +175,7 @@ async fn python_sdk_server_over_legacy_sse() {
     hub.close().await;
 
     // The same URL as Streamable HTTP: `POST /sse` is 405, and the error says `type: sse`.
-    let hub = mcp_context::Hub::connect(&config(&yaml.replace("type: sse", "type: http"))).await;
+    let hub = mcp_context::servers::Hub::connect(&config(&yaml.replace("type: sse", "type: http"))).await;
     let failures = format!("{:?}", hub.failures());
     assert!(failures.contains("405") && failures.contains("type: sse"), "{failures}");
     hub.close().await;
