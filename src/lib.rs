@@ -75,6 +75,8 @@ mod pipe;
 mod policy;
 mod report;
 pub mod resource;
+#[cfg(feature = "serve")]
+pub mod serve;
 mod tokenize;
 pub mod tools;
 mod yaml;

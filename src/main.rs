@@ -23,7 +23,7 @@ use mcp_context::servers::Hub;
 use mcp_context::{Config, ContextRequest, McpContext, Policy, ResourceId};
 
 #[cfg(feature = "serve")]
-mod serve;
+use mcp_context::serve;
 
 /// Give LLM calls the context your MCP servers hold.
 #[derive(Parser)]
@@ -218,7 +218,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } else {
             key.clone()
         };
-        writeln!(std::io::stdout().lock(), "{}", serve::identity::hash_key(&key))?;
+        writeln!(std::io::stdout().lock(), "{}", serve::hash_key(&key))?;
         return Ok(ExitCode::SUCCESS);
     }
     let config_path = Config::locate(cli.config.as_deref());
@@ -333,7 +333,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         #[cfg(feature = "serve")]
         Command::Serve { listen, upstream, command: None } => {
-            serve::run(config, serve::Options { listen, upstream }).await?;
+            serve::run(config, serve::Options::new(listen, upstream)).await?;
             Ok(ExitCode::SUCCESS)
         }
         #[cfg(feature = "serve")]

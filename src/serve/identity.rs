@@ -11,8 +11,8 @@
 //! 3. The body's `user` / `safety_identifier`, when `user_from_body` is on.
 //! 4. `anonymous_user`, when set; else the request is refused (401).
 
+use crate::settings::ServeSettings;
 use axum::http::HeaderMap;
-use mcp_context::settings::ServeSettings;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -127,7 +127,7 @@ fn anonymous_or_refuse(s: &ServeSettings) -> Result<FromHeaders, ApiError> {
 
 /// A user name from outside, refused (400) unless it is one a policy could name.
 fn checked(name: &str, from: &str) -> Result<String, ApiError> {
-    match mcp_context::access::user_name_problem(name) {
+    match crate::access::user_name_problem(name) {
         None => Ok(name.to_owned()),
         Some(problem) => {
             Err(ApiError::bad_request("invalid_user", format!("The user in {from} is refused: {problem}")))
@@ -166,7 +166,7 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcp_context::settings::KeyDigest;
+    use crate::settings::KeyDigest;
 
     fn settings() -> ServeSettings {
         let digest = |k: &str| -> [u8; 32] { Sha256::digest(k.as_bytes()).into() };
@@ -233,7 +233,7 @@ mod tests {
         twice.append("x-user", "alice".parse().unwrap());
         assert_eq!(identify(&anon, &twice, None).unwrap_err().status, 400);
         assert_eq!(identify(&anon, &headers(&[("x-user", "a\tb")]), None).unwrap_err().status, 400);
-        let long = "x".repeat(mcp_context::access::MAX_USER_NAME_BYTES + 1);
+        let long = "x".repeat(crate::access::MAX_USER_NAME_BYTES + 1);
         assert_eq!(identify(&anon, &headers(&[("x-user", &long)]), None).unwrap_err().status, 400);
         let forged = serde_json::json!({"user": "x\nFAKE LOG LINE user=alice"});
         assert_eq!(identify(&anon, &headers(&[]), Some(&forged)).unwrap_err().status, 400);

@@ -8,8 +8,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use mcp_context::servers::Hub;
-use mcp_context::{ExcludeReason, Report, SharedCacheStatus};
+use crate::servers::Hub;
+use crate::{ExcludeReason, Report, SharedCacheStatus};
 
 type Labels = Vec<(&'static str, String)>;
 

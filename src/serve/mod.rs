@@ -4,16 +4,36 @@
 //! ahead of the caller's `instructions`) and goes on to the upstream; the
 //! answer, streamed or not, comes back unchanged.
 //!
-//! A client of the library's public API like the rest of the CLI, in its own
-//! folder behind the default `serve` feature so that the library stays free
-//! of an HTTP server: `identity` (who is calling), `relay` (the upstream
-//! side), `metrics`, `error` (our errors in OpenAI's shape), and here the
-//! router, the state and the process lifecycle (signals, shutdown, reload).
+//! A library module behind the default `serve` feature, so that the bare
+//! library stays free of an HTTP server: `mcp-context serve` runs it
+//! ([`run`]), and an application mounts it in its own axum app ([`Proxy`]:
+//! its [`Proxy::router`] is an axum `Router`, a `tower::Service`). Here: the
+//! router, the state and the process lifecycle (signals, shutdown, reload);
+//! beside it `identity` (who is calling), `relay` (the upstream side),
+//! `metrics`, `error` (our errors in OpenAI's shape).
+//!
+//! Layer: the proxy, above everything else of the crate; it may import
+//! any module below it, and only the CLI imports it.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use std::sync::Arc;
+//! use mcp_context::{Config, McpContext};
+//! let config = Config::load(std::path::Path::new("mcp-context.yaml"))?;
+//! let ctx = Arc::new(McpContext::from_config(&config).await?);
+//! let proxy = mcp_context::serve::Proxy::new(ctx, &config, "https://api.openai.com")?;
+//! let app = axum::Router::new()
+//!     .route("/health", axum::routing::get(|| async { "ok" }))
+//!     .merge(proxy.router());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8787").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
+//! ```
 
 mod body;
 mod created;
 mod error;
-pub mod identity;
+mod identity;
 mod listen;
 mod metrics;
 mod owners;
@@ -27,13 +47,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use crate::settings::{ServeSettings, UpstreamUser};
+use crate::{Config, ContextRequest, ExcludeReason, McpContext, Policy, Report};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
-use mcp_context::settings::{ServeSettings, UpstreamUser};
-use mcp_context::{Config, ContextRequest, ExcludeReason, McpContext, Policy, Report};
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
@@ -49,10 +69,88 @@ use self::routes::{NoRoute, Route, Stored};
 /// The response header carrying the compact report.
 pub const REPORT_HEADER: &str = "x-mcp-context";
 
+pub use self::identity::hash_key;
+
 /// Command-line overrides of the `serve:` section.
+#[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Options {
+    /// `--listen`: the address to listen on (else `serve.listen`).
     pub listen: Option<String>,
+    /// `--upstream`: the upstream base URL (else `serve.upstream`, then
+    /// `$OPENAI_BASE_URL`, then OpenAI's).
     pub upstream: Option<String>,
+}
+
+impl Options {
+    /// Overrides of the listen address and the upstream.
+    pub fn new(listen: Option<String>, upstream: Option<String>) -> Self {
+        Options { listen, upstream }
+    }
+}
+
+/// The proxy, to mount in an application's own axum app: every
+/// chat-completions or Responses request through [`Proxy::router`] gets the
+/// caller's context and goes on to the upstream, as with `mcp-context
+/// serve`. The application binds and serves; `Host` values are checked
+/// against `serve.allowed_hosts` when it is set (else any is accepted). The
+/// engine is shared: close it ([`McpContext::close`]) when the app stops.
+pub struct Proxy {
+    state: Shared,
+}
+
+impl Proxy {
+    /// A proxy over `ctx` with `config`'s `serve:` settings, relaying to
+    /// `upstream` (a base URL, `http://` or `https://`).
+    pub fn new(ctx: Arc<McpContext>, config: &Config, upstream: &str) -> anyhow::Result<Proxy> {
+        let settings = config.serve.clone();
+        let hosts = settings.allowed_hosts.clone().map(|h| h.iter().map(|h| h.to_ascii_lowercase()).collect());
+        let (upstream, owners) = upstream_and_owners(config, &settings, upstream.to_owned())?;
+        Ok(Proxy { state: app_state(ctx, config, settings, (upstream, owners), hosts) })
+    }
+
+    /// The routes (`/v1/...`, `/healthz`, `/readyz`, `/metrics`) as an axum
+    /// `Router` with its state: merge it into the application's router, or
+    /// use it as a `tower::Service`.
+    pub fn router(&self) -> Router {
+        router(self.state.clone())
+    }
+}
+
+/// The upstream (`base` checked) and the store of response owners.
+fn upstream_and_owners(
+    config: &Config,
+    settings: &ServeSettings,
+    base: String,
+) -> anyhow::Result<(Upstream, Arc<Owners>)> {
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
+        anyhow::bail!("the upstream `{}` must start with http:// or https://", relay::redact(&base));
+    }
+    let upstream = Upstream::new(settings, base)?;
+    let owners = Arc::new(Owners::new(settings, &config.cache)?);
+    Ok((upstream, owners))
+}
+
+/// The shared state of the proxy's handlers.
+fn app_state(
+    ctx: Arc<McpContext>,
+    config: &Config,
+    settings: ServeSettings,
+    (upstream, owners): (Upstream, Arc<Owners>),
+    hosts: Option<Vec<String>>,
+) -> Shared {
+    Arc::new(AppState {
+        ctx,
+        bodies: Budget::new(settings.max_inflight_body_bytes),
+        unidentified: Budget::new(settings.max_unidentified_body_bytes),
+        owners,
+        hosts,
+        settings,
+        upstream,
+        metrics: Metrics::new(config.cache.backend == crate::settings::CacheBackend::Redis),
+        policy_path: config.policy.clone(),
+        draining: AtomicBool::new(false),
+    })
 }
 
 struct AppState {
@@ -90,16 +188,12 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
         .upstream
         .or_else(|| settings.upstream.clone())
         .or_else(|| std::env::var("OPENAI_BASE_URL").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| mcp_context::settings::DEFAULT_UPSTREAM.to_owned());
-    if !(base.starts_with("http://") || base.starts_with("https://")) {
-        anyhow::bail!("the upstream `{}` must start with http:// or https://", relay::redact(&base));
-    }
+        .unwrap_or_else(|| crate::settings::DEFAULT_UPSTREAM.to_owned());
     let addr: SocketAddr = settings
         .listen
         .parse()
         .map_err(|_| anyhow::anyhow!("listen address `{}` is not IP:PORT (e.g. 127.0.0.1:8787)", settings.listen))?;
-    let upstream = Upstream::new(&settings, base)?;
-    let owners = Arc::new(Owners::new(&settings, &config.cache)?);
+    let (upstream, owners) = upstream_and_owners(&config, &settings, base)?;
     // Signal handlers first: a SIGTERM that arrives while the servers start
     // must still drain and close them, not kill the process and orphan them.
     let signals = Signals::install()?;
@@ -111,18 +205,8 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
     for f in ctx.hub().failures() {
         tracing::warn!(server = %f.server, error = %f.error, "MCP server unavailable; serving without it");
     }
-    let state = Arc::new(AppState {
-        ctx: ctx.clone(),
-        bodies: Budget::new(settings.max_inflight_body_bytes),
-        unidentified: Budget::new(settings.max_unidentified_body_bytes),
-        owners,
-        hosts: allowed_hosts(&settings, local),
-        settings: settings.clone(),
-        upstream,
-        metrics: Metrics::new(config.cache.backend == mcp_context::settings::CacheBackend::Redis),
-        policy_path: config.policy.clone(),
-        draining: AtomicBool::new(false),
-    });
+    let hosts = allowed_hosts(&settings, local);
+    let state = app_state(ctx.clone(), &config, settings.clone(), (upstream, owners), hosts);
     let app = router(state.clone());
     let stop = CancellationToken::new();
     let limits = listen::Limits { max_connections: settings.max_connections, header_timeout: settings.header_timeout };
@@ -398,7 +482,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     request.model = obj.str_field("model").filter(|m| !m.is_empty());
     // Relevance mode ranks by the conversation: the latest user turn, earlier
     // ones with less weight, exactly as the library's typed `inject`.
-    let query = mcp_context::compose::Query::from_chat_json(&query_body);
+    let query = crate::compose::Query::from_chat_json(&query_body);
     let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(500, "server_error", "context_failed", format!("The context could not be built: {e}"))
@@ -416,7 +500,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
                     name: &'a str,
                 }
                 let role = state.ctx.settings().role.to_string();
-                messages.insert(0, raw(&Ours { role, content, name: mcp_context::inject::MESSAGE_NAME }));
+                messages.insert(0, raw(&Ours { role, content, name: crate::inject::MESSAGE_NAME }));
             }
             obj.set("messages", raw(&messages));
         }
@@ -472,7 +556,7 @@ fn is_ours(m: &RawValue) -> bool {
     }
     serde_json::from_str::<Peek>(m.get()).is_ok_and(|p| {
         matches!(p.role.as_deref(), Some("system" | "developer"))
-            && p.name.as_ref().and_then(|n| n.as_str()) == Some(mcp_context::inject::MESSAGE_NAME)
+            && p.name.as_ref().and_then(|n| n.as_str()) == Some(crate::inject::MESSAGE_NAME)
     })
 }
 
@@ -491,12 +575,10 @@ fn set_instructions(obj: &mut JsonObject, content: Option<&str>) -> Result<(), A
         })?),
     };
     let had_field = obj.get("instructions").is_some();
-    match mcp_context::inject::compose_instructions(existing.as_deref(), content) {
+    match crate::inject::compose_instructions(existing.as_deref(), content) {
         Some(text) => obj.set("instructions", raw(&text)),
         // Nothing to say, and the caller's own part was empty or only ours: as it was, or removed.
-        None if had_field
-            && existing.as_deref().is_some_and(|e| e.starts_with(mcp_context::inject::INSTRUCTIONS_OPEN)) =>
-        {
+        None if had_field && existing.as_deref().is_some_and(|e| e.starts_with(crate::inject::INSTRUCTIONS_OPEN)) => {
             obj.remove("instructions")
         }
         None => {}

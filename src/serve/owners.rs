@@ -56,8 +56,8 @@ fn digest(user: &str) -> [u8; 32] {
 
 impl Owners {
     pub fn new(
-        settings: &mcp_context::settings::ServeSettings,
-        cache: &mcp_context::settings::CacheSettings,
+        settings: &crate::settings::ServeSettings,
+        cache: &crate::settings::CacheSettings,
     ) -> anyhow::Result<Self> {
         #[cfg(not(feature = "redis"))]
         let _ = cache;
@@ -66,7 +66,7 @@ impl Owners {
             max: settings.max_stored_records,
             retention: settings.stored_retention,
             #[cfg(feature = "redis")]
-            redis: (cache.backend == mcp_context::settings::CacheBackend::Redis)
+            redis: (cache.backend == crate::settings::CacheBackend::Redis)
                 .then(|| RedisOwners::new(cache))
                 .transpose()?,
         })
@@ -142,7 +142,7 @@ struct RedisOwners {
 
 #[cfg(feature = "redis")]
 impl RedisOwners {
-    fn new(cache: &mcp_context::settings::CacheSettings) -> anyhow::Result<Self> {
+    fn new(cache: &crate::settings::CacheSettings) -> anyhow::Result<Self> {
         let client = match &cache.ca_file {
             None => redis::Client::open(cache.url.as_str()),
             Some(f) => {
@@ -205,8 +205,8 @@ mod tests {
     use super::*;
 
     fn owners(max: usize) -> Owners {
-        let s = mcp_context::settings::ServeSettings { max_stored_records: max, ..Default::default() };
-        Owners::new(&s, &mcp_context::settings::CacheSettings::default()).unwrap()
+        let s = crate::settings::ServeSettings { max_stored_records: max, ..Default::default() };
+        Owners::new(&s, &crate::settings::CacheSettings::default()).unwrap()
     }
 
     #[tokio::test]

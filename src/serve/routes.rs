@@ -5,8 +5,8 @@
 //! are checked against their owner) and the passthrough allowlist's matching.
 //! Imports the path type and the config's rule type only.
 
+use crate::settings::PassthroughRule;
 use axum::http::Method;
-use mcp_context::settings::PassthroughRule;
 
 use super::path::Canonical;
 
