@@ -139,7 +139,7 @@ pub enum ExcludeReason {
     /// It was requested (selected, mentioned, included) but the server does
     /// not offer it: not listed, not an expansion of a listed template, not a
     /// policy include, or spelled so that a server could read something
-    /// else (see [`admit`](crate::admit)). It was never read.
+    /// else (see [`admit`](crate::access::admit)). It was never read.
     NotFound,
 }
 

@@ -12,7 +12,7 @@
 //! auto:           priority when everything fits whole, else relevance
 //! ```
 //!
-//! [`Composer`] holds what every step needs (tokenizer, token cache, chunk
+//! `Composer` holds what every step needs (tokenizer, token cache, chunk
 //! index, preamble, budget); [`compose`] and [`compose_by_relevance`] are
 //! the same middle for callers that read resources themselves.
 //!
@@ -38,12 +38,14 @@ mod terms;
 pub use crate::tokenize::{TokenCache, Tokenizer};
 #[cfg(feature = "redis")]
 pub(crate) use chunk::term_probe;
+#[cfg(feature = "redis")]
 pub(crate) use chunk::{Chunk, Chunked};
 pub use chunk::{ChunkIndex, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
 pub(crate) use pack::{DEFAULT_MIN_USEFUL_TOKENS, cut_to_fit, marker};
 use pack::{PackInput, Packed, pack, pack_in_place};
 pub(crate) use query::user_texts_json;
 pub use query::{EARLIER_TURN_WEIGHT, EARLIER_TURNS, MAX_QUERY_BYTES, Query};
+#[cfg(feature = "redis")]
 pub(crate) use render::render_head_into;
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
 
@@ -125,7 +127,7 @@ impl Composer<'_> {
     }
 
     /// True when the resources already in the index need more than the
-    /// budget whole, by [`Chunked::whole_tokens_at_least`] (a lower bound, so
+    /// budget whole, by [`Chunked::whole_tokens_at_least`](chunk::Chunked::whole_tokens_at_least) (a lower bound, so
     /// `true` means that packing by priority would cut or drop something).
     fn exceeds(&self, items: &[Candidate<'_>]) -> bool {
         let mut at_least = 0;

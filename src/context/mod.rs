@@ -359,7 +359,7 @@ impl McpContext {
 
     /// Builds the context for `user` and puts it into a Responses API
     /// request's `instructions`, ahead of the caller's own (which are kept,
-    /// after ours; see [`compose_instructions`](crate::compose_instructions)).
+    /// after ours; see [`compose_instructions`](crate::inject::compose_instructions)).
     /// Call it on every request: `instructions` is not carried over by
     /// `previous_response_id`. Returns the same [`Report`] as
     /// [`McpContext::inject`].

@@ -118,7 +118,7 @@ impl<'a> Run<'a> {
         })
     }
 
-    /// 1. Who may see what: decided before anything is read. Without a
+    /// Step 1: who may see what: decided before anything is read. Without a
     /// selection the answer depends only on the user and the listings, so
     /// it is remembered until a listing changes.
     pub(super) fn select(&self, p: &Prepared) -> Arc<Selection> {
@@ -131,7 +131,7 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// 2. Reads what is visible, concurrently (cache first).
+    /// Step 2: reads what is visible, concurrently (cache first).
     pub(super) async fn read(&self, selection: &Selection) -> Reads {
         let ctx = self.ctx;
         let selected = &selection.resources;
@@ -178,7 +178,7 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// 3. Renders and fits the budget, off the async runtime (tokenising can
+    /// Step 3: renders and fits the budget, off the async runtime (tokenising can
     /// be slow), unless the composition memo holds the same composition.
     /// Also returns how many records of derived data another replica gave.
     pub(super) async fn compose(
@@ -250,7 +250,7 @@ impl<'a> Run<'a> {
         self.req.select.unwrap_or(self.ctx.settings.select)
     }
 
-    /// 4. The message and the one report of everything above; a request
+    /// Step 4: the message and the one report of everything above; a request
     /// answered wholly from the cache is remembered for the warm path.
     pub(super) fn finish(
         self,

@@ -358,7 +358,7 @@ impl Hub {
     /// cut here, before anything tokenises it.
     ///
     /// This is the operator's raw read (the `read` command): no policy, no
-    /// gate. Anything that reads for a user goes through [`crate::admit`]
+    /// gate. Anything that reads for a user goes through [`admit`](crate::access::admit)
     /// and the policy first, as [`crate::McpContext`] does.
     pub async fn read(&self, id: &ResourceId) -> Result<Contents> {
         let server = self.server(&id.server)?;
