@@ -9,6 +9,8 @@
 //! status with a one-line excerpt of the body. Callers add the URL (without
 //! credentials: [`redact_url`], here so that errors depend on no config)
 //! and what they were doing.
+//!
+//! Layer: bottom. Imports nothing of this crate.
 
 use std::error::Error as StdError;
 

@@ -30,6 +30,8 @@
 //! refuses the spellings that resolve elsewhere, and the policy's `deny`
 //! rules also match with scheme and host case-folded ([`canonical_uri`]),
 //! so ambiguity resolves toward deny.
+//!
+//! Layer: access, above the sources (it admits against the hub's listings). Imports `hub`, `policy`, `id`, `resource`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -54,6 +56,7 @@ pub enum Via {
 
 /// A requested URI that passed the gate: the resource to decide on and read.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Admitted {
     /// The listing entry, or (for template expansions and includes) a
     /// resource known by the id as requested, with the metadata of the

@@ -6,6 +6,9 @@
 //! Every other message — the application's own system prompt, assistant
 //! `tool_calls`, `tool` results — is left exactly as it was: resource content
 //! never travels in a `tool` message on this path.
+//!
+//! Layer: the message's place in a request, above composition and below the orchestrator (which calls
+//! it). Imports only `compose` (the query from a JSON body) and `mode`.
 
 use async_openai::types::chat::{
     ChatCompletionRequestDeveloperMessage, ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,

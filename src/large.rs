@@ -18,6 +18,8 @@
 //! A part that was cut carries its cut length in `_meta` under
 //! [`TRUNCATED_BYTES`]; a blob is emptied and its length kept under
 //! [`BLOB_BYTES`]. The hub turns both into its usual marks.
+//!
+//! Layer: sources (a transport's reader). Imports nothing of this crate.
 
 use rmcp::model::{
     ErrorCode, ErrorData, JsonRpcError, JsonRpcMessage, JsonRpcResponse, JsonRpcVersion2_0, MetaObject as Meta,

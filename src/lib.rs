@@ -31,8 +31,9 @@
 //! the tokenizer, [`compose`] (pure: render, pack, chunk, rank), the
 //! settings (`config`), policy and the gate ([`access`]), the sources
 //! ([`servers`]: connections, transports, the content cache), the
-//! orchestrator ([`McpContext`], one request in `context/request.rs`), and
-//! the adapters ([`inject`], [`tools`], [`ContextClient`]).
+//! orchestrator ([`McpContext`], one request in `context/request.rs`; it
+//! puts the message in place with [`inject`]), the adapters ([`tools`],
+//! [`ContextClient`]) and the proxy (`serve`).
 //!
 //! # The public API
 //!

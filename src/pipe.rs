@@ -26,6 +26,8 @@
 //! byte-order mark are tolerated. The first ignored line is kept in [`Diagnostics`] (a banner, or
 //! the wrong program entirely, is what a user needs to see when a handshake
 //! fails) and, once connected, warned about once.
+//!
+//! Layer: sources (a transport). Imports only `large`.
 
 use std::collections::HashSet;
 use std::future::Future;

@@ -1,6 +1,8 @@
 //! The record of one injection: what was included, truncated or left out,
 //! and why. The CLI, the chatbot, tracing and the tests all read this one
 //! value; nothing else describes what happened.
+//!
+//! Layer: bottom. Imports only `mode` (the two choices it records).
 
 use std::fmt;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use crate::mode::{MessageRole, SelectMode};
 
 /// One included chunk, for the report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct ChunkReport {
     /// Its position in the resource, from 0.
     pub index: usize,
@@ -68,6 +71,7 @@ impl Exclusions {
 
 /// The shared cache (`cache.backend: redis`) as one request saw it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct SharedCacheReport {
     /// Whether Redis answered and the event subscription was up.
     pub up: bool,
@@ -84,6 +88,7 @@ pub struct SharedCacheReport {
 
 /// The state of the shared cache of one process, for `/metrics`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct SharedCacheStatus {
     /// Whether Redis answered the last command and the event subscription
     /// is up.
@@ -108,6 +113,7 @@ pub struct SharedCacheStatus {
 
 /// A server that could not be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServerFailure {
     /// The server name.
     pub server: String,
@@ -117,6 +123,7 @@ pub struct ServerFailure {
 
 /// The MCP revision one connected server speaks (the report's server section).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServerProtocol {
     /// The server name.
     pub server: String,
@@ -127,6 +134,7 @@ pub struct ServerProtocol {
 /// Why a resource is not in the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ExcludeReason {
     /// The user's policy does not allow it (it was never read).
     Denied,
@@ -157,6 +165,7 @@ impl fmt::Display for ExcludeReason {
 
 /// A resource in the message.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Included {
     /// `server:uri`.
     pub id: String,
@@ -175,6 +184,7 @@ pub struct Included {
 
 /// A resource left out.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Excluded {
     /// `server:uri`.
     pub id: String,
@@ -187,6 +197,7 @@ pub struct Excluded {
 
 /// Where the time went, in milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Timings {
     /// Policy and selection.
     pub select_ms: f64,
@@ -200,6 +211,7 @@ pub struct Timings {
 
 /// What one injection did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Report {
     /// The user the context was built for.
     pub user: String,

@@ -7,6 +7,9 @@
 //! A resource the user may not see and a resource that does not exist get
 //! the *same* answer, so the model cannot probe for what it may not see; a
 //! denied resource is never read.
+//!
+//! Layer: adapters. Imports the orchestrator (`context`), `compose`, `tokenize`, `id`, `resource`; it adds
+//! `McpContext::tools` here so that the orchestrator does not import its adapters.
 
 use async_openai::types::chat::{
     ChatCompletionMessageToolCalls, ChatCompletionRequestMessage, ChatCompletionRequestToolMessage, ChatCompletionTool,
@@ -113,6 +116,7 @@ fn one_line(s: &str) -> String {
 
 /// The result of one tool call.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ToolResult {
     /// The call's id.
     pub tool_call_id: String,

@@ -23,6 +23,9 @@
 //! - With `cache: { backend: redis }`, a local miss looks in Redis before
 //!   reading from the server, and what this replica learns of a change is
 //!   passed on to every other replica ([`shared`]).
+//!
+//! Layer: sources, above the hub. Imports `hub`, `config` and the bottom (`report`, `error`, `cause`, `id`,
+//! `lru`, `resource`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -97,7 +97,7 @@ impl Chunked {
 
     /// A lower bound of this block's tokens when it goes in whole, for
     /// `auto` mode to tell without packing that everything cannot fit: the
-    /// opening line and the body count apart exactly (`budget::body_tokens`)
+    /// opening line and the body count apart exactly (`pack::body_tokens`)
     /// when the encoding is additive and the body does not start with a
     /// newline or `/`; else 0.
     pub(crate) fn whole_tokens_at_least(&self, tok: &Tokenizer) -> usize {

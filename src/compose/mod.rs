@@ -66,6 +66,7 @@ pub(crate) struct Composer<'a> {
 
 /// The result of [`compose`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Composition {
     /// The message content; `None` when nothing fits.
     pub content: Option<String>,

@@ -15,6 +15,9 @@
 //! candidates, decide, sort), `read` (the deadline-bounded read fan-out),
 //! `memo` (the selection, composition and warm-request memos and when each
 //! is still right).
+//!
+//! Layer: orchestrator. Imports every layer below it (composition, `inject`, settings, access,
+//! sources); no adapter (`tools`, `client`) or proxy: those import it.
 
 use std::sync::Arc;
 
@@ -140,6 +143,7 @@ impl From<&ContextRequest> for ContextRequest {
 
 /// The message to inject.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ContextMessage {
     /// `system` or `developer`.
     pub role: MessageRole,

@@ -34,6 +34,9 @@
 //! 2026-07-28 (`listen`); both end in the same hub events. rmcp's own
 //! response cache is off on every connection: the content cache (`cache.rs`)
 //! honours `ttlMs` and `cacheScope` per user.
+//!
+//! Layer: sources. Imports the settings (`config`), the transports (`pipe`, `http`, `large`) and the bottom
+//! (`report`, `error`, `cause`, `id`, `resource`).
 
 mod connect;
 mod convert;
@@ -67,6 +70,7 @@ use server::{Server, lock_backoff};
 
 /// Something a server told us about its resources.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HubEvent {
     /// `notifications/resources/updated` for one URI.
     Updated {
@@ -90,6 +94,7 @@ pub enum HubEvent {
 
 /// Connection state of one server, for status displays.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServerStatus {
     /// The server name.
     pub name: String,
