@@ -9,11 +9,11 @@ use std::time::SystemTime;
 
 use async_openai::types::chat::{ChatCompletionRequestUserMessage, CreateChatCompletionRequestArgs};
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
-use mcp_context::{
-    Annotations, ContentPart, Contents, DEFAULT_PREAMBLE, MessageRole, Resource, ResourceId, TokenCache, Tokenizer,
-    compose, inject_message,
-};
-use mcp_context::{ChunkIndex, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, Query, compose_by_relevance};
+use mcp_context::compose::{ChunkIndex, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, Query, compose_by_relevance};
+use mcp_context::compose::{DEFAULT_PREAMBLE, TokenCache, Tokenizer, compose};
+use mcp_context::inject::inject_message;
+use mcp_context::resource::Annotations;
+use mcp_context::{ContentPart, Contents, MessageRole, Resource, ResourceId};
 use std::sync::Arc;
 
 fn text(i: usize, size: usize) -> String {

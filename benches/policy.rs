@@ -13,7 +13,8 @@ mod policy_gen;
 use std::time::{Duration, SystemTime};
 
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
-use mcp_context::{Annotations, Policy, Resource, ResourceId};
+use mcp_context::resource::Annotations;
+use mcp_context::{Policy, Resource, ResourceId};
 
 fn sizes() -> Vec<usize> {
     std::env::var("POLICY_BENCH_SIZES")

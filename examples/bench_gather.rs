@@ -190,7 +190,8 @@ fn thread_cpu() -> Duration {
 
 /// The workload's texts (not its blobs) as cached resources.
 fn cold_items(n: usize, size: usize) -> Vec<(mcp_context::Resource, std::sync::Arc<mcp_context::Contents>)> {
-    use mcp_context::{Annotations, ContentPart, Contents, Resource, ResourceId};
+    use mcp_context::resource::Annotations;
+    use mcp_context::{ContentPart, Contents, Resource, ResourceId};
     use std::sync::Arc;
     (0..n)
         .filter(|i| !workload::is_blob(*i))
@@ -219,8 +220,11 @@ fn cold_items(n: usize, size: usize) -> Vec<(mcp_context::Resource, std::sync::A
 type Items = [(mcp_context::Resource, std::sync::Arc<mcp_context::Contents>)];
 
 /// Chunks and indexes `items` from scratch (a new index); the number indexed.
-fn chunk_all(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
-    let index = mcp_context::ChunkIndex::new(mcp_context::DEFAULT_CHUNK_TOKENS, mcp_context::DEFAULT_CHUNK_OVERLAP);
+fn chunk_all(tok: &mcp_context::compose::Tokenizer, items: &Items) -> usize {
+    let index = mcp_context::compose::ChunkIndex::new(
+        mcp_context::compose::DEFAULT_CHUNK_TOKENS,
+        mcp_context::compose::DEFAULT_CHUNK_OVERLAP,
+    );
     for (r, c) in items {
         index.prepare(tok, r, c);
     }
@@ -228,7 +232,7 @@ fn chunk_all(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
 }
 
 /// Tokenises the texts of `items` once; their tokens.
-fn tokenise_all(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
+fn tokenise_all(tok: &mcp_context::compose::Tokenizer, items: &Items) -> usize {
     let mut tokens = 0;
     for (_, c) in items {
         if let mcp_context::ContentPart::Text { text, .. } = &c.parts[0] {
@@ -247,7 +251,7 @@ fn tokenise_all(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
 /// the whole loop on a VM whose speed drifts. Returns the number of texts,
 /// the medians of each, and the pairs' ratios, sorted.
 fn cold_cpu(n: usize, size: usize) -> (usize, Duration, Duration, Vec<f64>) {
-    let (tok, _) = mcp_context::Tokenizer::for_model("gpt-4o");
+    let (tok, _) = mcp_context::compose::Tokenizer::for_model("gpt-4o");
     let items = cold_items(n, size);
     let chunk_once = || {
         let t = thread_cpu();
@@ -287,7 +291,7 @@ const COLD_PAIRS: usize = 15;
 /// `valgrind --tool=callgrind --callgrind-out-file=cg.out target/release/examples/bench_gather --cold-callgrind`
 /// and `callgrind_annotate --inclusive=yes cg.out | grep measured_`.
 fn cold_callgrind(n: usize, size: usize) {
-    let (tok, _) = mcp_context::Tokenizer::for_model("gpt-4o");
+    let (tok, _) = mcp_context::compose::Tokenizer::for_model("gpt-4o");
     let items = cold_items(n, size);
     chunk_all(&tok, &items);
     tokenise_all(&tok, &items);
@@ -297,12 +301,12 @@ fn cold_callgrind(n: usize, size: usize) {
 }
 
 #[inline(never)]
-fn measured_chunk_and_index(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
+fn measured_chunk_and_index(tok: &mcp_context::compose::Tokenizer, items: &Items) -> usize {
     std::hint::black_box(chunk_all(tok, std::hint::black_box(items)))
 }
 
 #[inline(never)]
-fn measured_tokenise(tok: &mcp_context::Tokenizer, items: &Items) -> usize {
+fn measured_tokenise(tok: &mcp_context::compose::Tokenizer, items: &Items) -> usize {
     std::hint::black_box(tokenise_all(tok, std::hint::black_box(items)))
 }
 

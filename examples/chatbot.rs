@@ -21,7 +21,8 @@ use async_openai::types::chat::{
     CreateChatCompletionRequest, CreateChatCompletionRequestArgs,
 };
 use futures::StreamExt;
-use mcp_context::{Config, ContextClient, ContextRequest, McpContext, Report, ResourceId, format_listing};
+use mcp_context::tools::format_listing;
+use mcp_context::{Config, ContextClient, ContextRequest, McpContext, Report, ResourceId};
 
 struct Args {
     config: Option<PathBuf>,
@@ -315,7 +316,7 @@ async fn with_tools(
 /// `--tools-only`) and, with `--tools`, the tools the model would be offered.
 fn dry_run(mut request: CreateChatCompletionRequest, tools: bool) -> Result<String, String> {
     if tools {
-        mcp_context::add_tools(&mut request);
+        mcp_context::tools::add_tools(&mut request);
     }
     let json = serde_json::to_string_pretty(&request).map_err(|e| e.to_string())?;
     println!("--- request (dry run, not sent) ---\n{json}\n--- end ---");

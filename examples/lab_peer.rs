@@ -26,7 +26,8 @@
 
 use std::time::Instant;
 
-use mcp_context::{Config, ContentPart, Hub, ResourceId};
+use mcp_context::servers::Hub;
+use mcp_context::{Config, ContentPart, ResourceId};
 
 fn split_command(s: &str) -> Vec<String> {
     // Minimal shell-like split: whitespace, with '...' and "..." quoting.

@@ -23,7 +23,8 @@ mod policy_gen;
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
-use mcp_context::{Annotations, Policy, Resource, ResourceId};
+use mcp_context::resource::Annotations;
+use mcp_context::{Policy, Resource, ResourceId};
 
 fn status_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

@@ -9,6 +9,8 @@
 //! status with a one-line excerpt of the body. Callers add the URL (without
 //! credentials: [`redact_url`], here so that errors depend on no config)
 //! and what they were doing.
+//!
+//! Layer: bottom. Imports nothing of this crate.
 
 use std::error::Error as StdError;
 
@@ -185,7 +187,7 @@ pub(crate) fn one_line(s: &str, max: usize) -> String {
 }
 
 /// Strips userinfo and the query from a URL before it is logged or reported.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let parsed = url::Url::parse(url).ok().filter(|u| !u.cannot_be_a_base());
     let Some(mut parsed) = parsed else {
         // Not a URL with a host (a config typo, `user:pw@host` without a

@@ -1,6 +1,8 @@
 //! `ContextClient`: async-openai's chat client with the context injected
 //! into every call, in the spirit of reqwest-middleware: same calls, one
 //! extra argument (the user), and the [`Report`] next to the answer.
+//!
+//! Layer: adapters. Imports the orchestrator (`context`), `tools`, `report`, `error`.
 
 use std::sync::Arc;
 

@@ -6,6 +6,8 @@
 //! for policy demos, and a per-user template. It speaks stdio and needs
 //! nothing installed: the repository's `mcp-context.yaml` launches it through
 //! the running executable (`${MCP_CONTEXT_EXE} demo-server`).
+//!
+//! Layer: CLI (the bundled demo server). Imports nothing of this crate.
 
 use rmcp::model::{
     Annotations, ErrorData, Implementation, ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams,

@@ -4,6 +4,8 @@
 //! server, resource id) so that callers never have to wrap it again. Secrets
 //! never enter an error: config errors quote the *name* of an unset variable,
 //! never an expanded value.
+//!
+//! Layer: bottom. Imports only `cause`.
 
 use std::path::PathBuf;
 use std::sync::Arc;

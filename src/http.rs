@@ -9,6 +9,8 @@
 //! text kept, the rest counted), whose small result is handed to rmcp like
 //! any other message. Every other message goes through reqwest's client
 //! unchanged (sessions, protocol headers, auth and limits as rmcp does them).
+//!
+//! Layer: sources (a transport). Imports only `large`.
 
 use std::collections::HashMap;
 use std::sync::Arc;

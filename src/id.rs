@@ -4,6 +4,8 @@
 //! resource carries its server name. Server names may never contain `:`, which
 //! is what makes the first-colon split unambiguous (`docs:file:///a.txt` is
 //! server `docs`, uri `file:///a.txt`).
+//!
+//! Layer: bottom. Imports only `error`.
 
 use std::fmt;
 use std::str::FromStr;

@@ -6,15 +6,16 @@
 //! Every other message — the application's own system prompt, assistant
 //! `tool_calls`, `tool` results — is left exactly as it was: resource content
 //! never travels in a `tool` message on this path.
-
-use std::borrow::Cow;
+//!
+//! Layer: the message's place in a request, above composition and below the orchestrator (which calls
+//! it). Imports only `compose` (the query from a JSON body) and `mode`.
 
 use async_openai::types::chat::{
     ChatCompletionRequestDeveloperMessage, ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,
     CreateChatCompletionRequest,
 };
 
-use crate::config::MessageRole;
+use crate::mode::MessageRole;
 
 /// The `name` that marks our message.
 pub const MESSAGE_NAME: &str = "mcp_context";
@@ -93,42 +94,6 @@ fn strip_context_instructions(s: &str) -> &str {
         Some((rest, i)) => rest[i + INSTRUCTIONS_CLOSE.len()..].trim_start_matches('\n'),
         None => s,
     }
-}
-
-/// The user texts of a Chat Completions (`messages`) or Responses (`input`)
-/// body, newest first, blank ones skipped; borrowed where a text is one
-/// string (a query keeps only the end of a long one).
-pub(crate) fn user_texts_json(body: &serde_json::Value) -> Box<dyn Iterator<Item = Cow<'_, str>> + '_> {
-    fn text_of(content: &serde_json::Value) -> Option<Cow<'_, str>> {
-        match content {
-            serde_json::Value::String(s) => Some(Cow::Borrowed(s)),
-            serde_json::Value::Array(parts) => {
-                let texts: Vec<&str> = parts
-                    .iter()
-                    .filter(|p| matches!(p.get("type").and_then(|t| t.as_str()), Some("text" | "input_text")))
-                    .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
-                    .collect();
-                (!texts.is_empty()).then(|| Cow::Owned(texts.join("\n")))
-            }
-            _ => None,
-        }
-    }
-    let items = match (body.get("messages"), body.get("input")) {
-        (Some(serde_json::Value::Array(m)), _) => m,
-        (_, Some(serde_json::Value::String(s))) => {
-            return Box::new(Some(Cow::Borrowed(s.as_str())).filter(|s| !s.trim().is_empty()).into_iter());
-        }
-        (_, Some(serde_json::Value::Array(i))) => i,
-        _ => return Box::new(std::iter::empty()),
-    };
-    Box::new(
-        items
-            .iter()
-            .rev()
-            .filter(|m| m.get("role").and_then(|r| r.as_str()) == Some("user"))
-            .filter_map(|m| m.get("content").and_then(text_of))
-            .filter(|t| !t.trim().is_empty()),
-    )
 }
 
 /// [`compose_instructions`] on a Responses body held as generic JSON. Only
@@ -225,7 +190,8 @@ mod tests {
     #[test]
     fn the_latest_user_text_is_the_query_of_a_json_body() {
         use serde_json::json;
-        let latest_user_text_json = |body: &serde_json::Value| user_texts_json(body).next().map(Cow::into_owned);
+        let latest_user_text_json =
+            |body: &serde_json::Value| crate::compose::user_texts_json(body).next().map(std::borrow::Cow::into_owned);
         let chat = json!({"messages": [
             {"role": "user", "content": "first question"},
             {"role": "assistant", "content": "an answer"},
@@ -245,7 +211,7 @@ mod tests {
     /// same turns with the same weights, not only the latest.
     #[test]
     fn the_json_and_typed_queries_are_one() {
-        use crate::relevance::{EARLIER_TURN_WEIGHT, Query};
+        use crate::compose::{EARLIER_TURN_WEIGHT, Query};
         use serde_json::json;
         let body = json!({"model": "m", "messages": [
             {"role": "system", "content": "sys"},

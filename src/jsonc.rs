@@ -6,6 +6,8 @@
 //! by the same code as ours and its errors name the same line and column.
 //! Only comments and trailing commas are allowed beyond JSON: single quotes,
 //! bare keys or missing commas are errors, located.
+//!
+//! Layer: bottom (a parser for the settings). Imports only `yaml` (the located tree it builds).
 
 use std::borrow::Cow;
 

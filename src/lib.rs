@@ -24,22 +24,40 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The pipeline, one private module per stage: `config` → `hub` (connect,
-//! list, read) → `policy` (decide before reading) → `render` → `budget` →
-//! `inject`, orchestrated by `context`; every *requested* `server:uri` passes
-//! one gate (`gate`: [`admit`]) before the policy decides on it; `client` wraps async-openai and
-//! `tools` offers the model-driven path.
+//! # Layers
+//!
+//! Each module imports only from the layers below it (README, "Where things
+//! are"): the bottom (ids, resources, errors, the report, the two modes),
+//! the tokenizer, [`compose`] (pure: render, pack, chunk, rank), the
+//! settings (`config`), policy and the gate ([`access`]), the sources
+//! ([`servers`]: connections, transports, the content cache), the
+//! orchestrator ([`McpContext`], one request in `context/request.rs`; it
+//! puts the message in place with [`inject`]), the adapters ([`tools`],
+//! [`ContextClient`]) and the proxy (`serve`).
+//!
+//! # The public API
+//!
+//! The crate root holds what an application needs to inject context and
+//! read the report; the named modules hold the rest on purpose:
+//! [`settings`] (the config file's sections), [`access`] (policies and the
+//! gate), [`servers`] (the connections), [`compose`] (the pure middle, for
+//! callers that read resources themselves), [`inject`] (injection into
+//! requests, typed and as JSON), [`tools`] (the model-driven path) and
+//! [`resource`] (MCP resource types).
 
 /// The async-openai this crate is built against, so that request and message
 /// types match ours exactly.
 pub use async_openai;
 
-mod budget;
 mod cache;
 mod cause;
 mod client;
+pub mod compose;
 mod config;
 mod context;
+/// The bundled demo MCP server (`mcp-context demo-server`), public because
+/// the CLI, the chatbot example and the tests start it in-process; feature
+/// `cli`.
 #[cfg(feature = "cli")]
 pub mod demo;
 mod error;
@@ -47,56 +65,63 @@ mod gate;
 mod http;
 mod hub;
 mod id;
-mod inject;
+pub mod inject;
 mod jsonc;
 mod large;
 mod lru;
-mod messages;
+/// The same injection for Anthropic's Messages API, at the JSON level: our
+/// block last in `system`, cache breakpoints counted and capped.
+pub mod messages;
+mod mode;
 mod pipe;
 mod policy;
-mod relevance;
-mod render;
 mod report;
-mod resource;
-mod tools;
+pub mod resource;
+#[cfg(feature = "serve")]
+pub mod serve;
+mod tokenize;
+pub mod tools;
 mod yaml;
 
-pub use budget::{TokenCache, Tokenizer};
-/// A URL as messages and logs may show it: no credentials, query or fragment.
-/// Public for the `serve` proxy, a binary until it becomes a library module.
-#[doc(hidden)]
-pub use cause::redact_url;
 pub use client::{ContextClient, ToolLoop};
-pub use config::{
-    AnthropicSettings, CacheBackend, CacheSettings, Config, ContextSettings, DEFAULT_ANTHROPIC_UPSTREAM,
-    DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST,
-    KeyDigest, MessageRole, PassthroughRule, Protocol, ServeSettings, ServerConfig, Transport, UpstreamUser,
-};
-pub use context::{Composition, ContextMessage, ContextRequest, DEFAULT_PRIORITY, McpContext, compose};
+pub use config::Config;
+pub use context::{ContextMessage, ContextRequest, McpContext};
 pub use error::{Error, Result};
-pub use gate::{Admitted, Refusal, Via, admit, canonical_uri};
-pub use hub::{Hub, HubEvent, ServerStatus};
-pub use id::{MAX_USER_NAME_BYTES, ResourceId, user_name_problem};
-pub use inject::{
-    INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN, MESSAGE_NAME, compose_instructions, inject_instructions_json,
-    inject_message, inject_message_json, is_context_message, is_context_message_json,
-};
-pub use messages::{
-    CacheBreakpoints, MAX_CACHE_BREAKPOINTS, context_block_json, inject_system_block_json, is_context_block_json,
-    messages_query_json,
-};
-pub use policy::{Decision, Effect, Policy, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary};
-pub use relevance::{
-    ChunkIndex, ChunkReport, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, EARLIER_TURN_WEIGHT, EARLIER_TURNS,
-    MAX_QUERY_BYTES, Query, SelectMode, compose_by_relevance,
-};
-pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
+pub use id::ResourceId;
+pub use mode::{MessageRole, SelectMode};
+pub use policy::Policy;
 pub use report::{
-    ExcludeReason, Excluded, Included, Report, ServerFailure, ServerProtocol, SharedCacheReport, SharedCacheStatus,
-    Timings,
+    ChunkReport, ExcludeReason, Excluded, Exclusions, Included, Report, ServerFailure, ServerProtocol,
+    SharedCacheReport, SharedCacheStatus, Timings,
 };
-pub use resource::{Annotations, Audience, ContentPart, Contents, Resource, ResourceTemplate};
-pub use tools::{
-    LIST_TOOL, READ_TOOL, ResourceTools, ToolResult, add_tools, format_listing, is_resource_tool, tool_definitions,
-};
+pub use resource::{ContentPart, Contents, Resource};
+pub use tools::ResourceTools;
+
+/// The config file's sections and their defaults ([`Config`] is at the
+/// crate root).
+pub mod settings {
+    pub use crate::compose::{DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
+    pub use crate::config::{AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM};
+    pub use crate::config::{
+        CacheBackend, CacheSettings, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST,
+        KeyDigest, PassthroughRule, Protocol, ServeSettings, ServerConfig, Transport, UpstreamUser,
+    };
+}
+
+/// Who may see what: the compiled policy ([`Policy`] is at the crate root),
+/// its decisions and summaries, and the gate every *requested* `server:uri`
+/// passes before the policy decides on it ([`admit`](access::admit)).
+pub mod access {
+    pub use crate::gate::{Admitted, Refusal, Via, admit};
+    pub use crate::id::{MAX_USER_NAME_BYTES, user_name_problem};
+    pub use crate::policy::{
+        Decision, Effect, PolicySummary, RoleSummary, RuleRef, UserPolicy, UserSummary, canonical_uri,
+    };
+}
+
+/// The connections to the MCP servers: the [`Hub`](servers::Hub), its
+/// events and each server's status.
+pub mod servers {
+    pub use crate::hub::{Hub, HubEvent, ServerStatus};
+}

@@ -6,6 +6,8 @@
 //! with a use tick. Past the bound, one pass drops the oldest items until
 //! the store is down to [`LOW_WATER`] of its bound, so the pass (a sort of
 //! the items' ticks) runs once per many stores, not on every one.
+//!
+//! Layer: bottom. Imports only `resource` (to size contents).
 
 /// Share of the bound a store is brought back to when it goes over
 /// (numerator over 8): 7/8, i.e. 8 MiB of head room under a 64 MiB bound.

@@ -17,13 +17,13 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use mcp_context::{Config, ContextRequest, Hub, McpContext, Policy, ResourceId, Via, render_text};
+use mcp_context::access::Via;
+use mcp_context::compose::render_text;
+use mcp_context::servers::Hub;
+use mcp_context::{Config, ContextRequest, McpContext, Policy, ResourceId};
 
 #[cfg(feature = "serve")]
-// Its items are `pub` for the day it becomes a library module (issue 32,
-// part A, decides that API); until then the binary is their only user.
-#[allow(unreachable_pub)]
-mod serve;
+use mcp_context::serve;
 
 /// Give LLM calls the context your MCP servers hold.
 #[derive(Parser)]
@@ -199,37 +199,37 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    // Commands that need no config file run before it is looked for.
-    let load = || Config::load(&Config::locate(cli.config.as_deref()));
+    if let Command::DemoServer = cli.command {
+        tokio::select! {
+            r = mcp_context::demo::serve_stdio() => r?,
+            code = signalled() => return Ok(code),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Policy { command: PolicyCommand::Check { path: Some(p) } } = &cli.command {
+        return policy_check(p);
+    }
+    #[cfg(feature = "serve")]
+    if let Command::Serve { command: Some(ServeCommand::HashKey { key }), .. } = &cli.command {
+        let key = if key == "-" {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line)?;
+            line.trim_end_matches(['\r', '\n']).to_owned()
+        } else {
+            key.clone()
+        };
+        writeln!(std::io::stdout().lock(), "{}", serve::hash_key(&key))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config_path = Config::locate(cli.config.as_deref());
+    let config = Config::load(&config_path)?;
     match cli.command {
-        Command::DemoServer => {
-            tokio::select! {
-                r = mcp_context::demo::serve_stdio() => r?,
-                code = signalled() => return Ok(code),
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Policy { command: PolicyCommand::Check { path: Some(p) } } => policy_check(&p),
-        #[cfg(feature = "serve")]
-        Command::Serve { command: Some(ServeCommand::HashKey { key }), .. } => {
-            let key = if key == "-" {
-                let mut line = String::new();
-                std::io::stdin().read_line(&mut line)?;
-                line.trim_end_matches(['\r', '\n']).to_owned()
-            } else {
-                key
-            };
-            writeln!(std::io::stdout().lock(), "{}", serve::identity::hash_key(&key))?;
-            Ok(ExitCode::SUCCESS)
-        }
         Command::List { server, json } => {
-            let config = load()?;
             let config = only_server(config, server.as_deref())?;
             let verbose = cli.verbose > 0;
             with_hub(&config, |hub| async move { list(&hub, server.as_deref(), json, verbose) }).await
         }
         Command::Read { id } => {
-            let config = load()?;
             let id = ResourceId::parse(&id)?;
             let config = server_of(config, &id)?;
             with_hub(&config, |hub| async move {
@@ -242,7 +242,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .await
         }
         Command::Preview { user, budget, model, select, query, mode, json } => {
-            let config = load()?;
             let selection = if select.is_empty() {
                 None
             } else {
@@ -253,20 +252,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     server_of(config.clone(), id).map(drop)?;
                 }
             }
-            // One build for one user: what the policy lets them see is read
-            // while the servers list (all of it is read for that build anyway).
-            let connect = async {
-                match &selection {
-                    None => McpContext::from_config_for_user(&config, &user).await,
-                    Some(_) => McpContext::from_config(&config).await,
-                }
-            };
             let ctx = tokio::select! {
-                ctx = connect => ctx?,
+                ctx = McpContext::from_config(&config) => ctx?,
                 code = signalled() => return Ok(code),
             };
             let servers = config.servers.len();
-            let result = interruptible(async {
+            let result = interruptible(&ctx, async {
                 let req = ContextRequest { user: user.clone(), selection, budget, model, query, select: mode };
                 let (message, report) = ctx.build(&req).await?;
                 let mut out = std::io::stdout().lock();
@@ -293,14 +284,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             result
         }
         Command::Policy { command: PolicyCommand::Check { path: None } } => {
-            let config = load()?;
             let Some(p) = config.policy.clone() else {
                 bail!("{} names no `policy:`; give a path: mcp-context policy check PATH", config.path.display());
             };
             policy_check(&p)
         }
         Command::Policy { command: PolicyCommand::Explain { user, id } } => {
-            let config = load()?;
             let id = ResourceId::parse(&id)?;
             let policy = match &config.policy {
                 Some(p) => Policy::load(p)?,
@@ -311,7 +300,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 // The same gate as every other requested URI: decide on what would be read.
                 let up = policy.for_user(&user);
                 let mut out = std::io::stdout().lock();
-                match mcp_context::admit(&hub, &up, &id) {
+                match mcp_context::access::admit(&hub, &up, &id) {
                     Err(why) => {
                         writeln!(out, "DENY {id} for user {user}")?;
                         writeln!(out, "  refused before the policy: {why}")?;
@@ -344,9 +333,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         #[cfg(feature = "serve")]
         Command::Serve { listen, upstream, command: None } => {
-            let config = load()?;
-            serve::run(config, serve::Options { listen, upstream }).await?;
+            serve::run(config, serve::Options::new(listen, upstream)).await?;
             Ok(ExitCode::SUCCESS)
+        }
+        #[cfg(feature = "serve")]
+        Command::Serve { command: Some(_), .. } => unreachable!("handled above"),
+        Command::DemoServer | Command::Policy { command: PolicyCommand::Check { path: Some(_) } } => {
+            unreachable!("handled above")
         }
     }
 }
@@ -427,8 +420,7 @@ fn is_down(hub: &Hub, server: &str) -> bool {
     !hub.is_connected(server) || hub.status().iter().any(|s| s.name == server && s.failed())
 }
 
-/// `f`, or the exit code of a signal that came first.
-async fn interruptible<F>(f: F) -> anyhow::Result<ExitCode>
+async fn interruptible<F>(_ctx: &McpContext, f: F) -> anyhow::Result<ExitCode>
 where
     F: std::future::Future<Output = anyhow::Result<ExitCode>>,
 {
@@ -501,7 +493,7 @@ fn list(hub: &Hub, server: Option<&str>, json: bool, verbose: bool) -> anyhow::R
         writeln!(out, "{}", serde_json::to_string_pretty(&v).context("serialising the listing")?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    write!(out, "{}", mcp_context::format_listing(&resources, server))?;
+    write!(out, "{}", mcp_context::tools::format_listing(&resources, server))?;
     // Templates under their own heading: `--json` has them, so does the text.
     let templates: Vec<_> = hub.templates().into_iter().filter(|t| server.is_none_or(|s| t.server == s)).collect();
     if !templates.is_empty() {
@@ -529,7 +521,7 @@ fn list(hub: &Hub, server: Option<&str>, json: bool, verbose: bool) -> anyhow::R
 
 /// One server in `list --verbose`, e.g.
 /// `- docs: protocol 2026-07-28, 12 resources, 0 templates`.
-fn server_line(s: &mcp_context::ServerStatus) -> String {
+fn server_line(s: &mcp_context::servers::ServerStatus) -> String {
     let clean = |t: &str| t.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>();
     let mut line = format!("- {}: ", s.name);
     match (&s.protocol, s.connected) {

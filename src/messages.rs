@@ -22,9 +22,9 @@
 
 use serde_json::{Value, json};
 
+use crate::compose::Query;
 use crate::context::{ContextRequest, McpContext};
 use crate::inject::{INSTRUCTIONS_CLOSE, INSTRUCTIONS_OPEN};
-use crate::relevance::Query;
 use crate::report::Report;
 
 /// The most `cache_control` breakpoints the Messages API accepts in one request.

@@ -1,17 +1,77 @@
 //! The record of one injection: what was included, truncated or left out,
 //! and why. The CLI, the chatbot, tracing and the tests all read this one
 //! value; nothing else describes what happened.
+//!
+//! Layer: bottom. Imports only `mode` (the two choices it records).
 
 use std::fmt;
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::config::MessageRole;
-use crate::relevance::{ChunkReport, SelectMode};
+use crate::mode::{MessageRole, SelectMode};
+
+/// One included chunk, for the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ChunkReport {
+    /// Its position in the resource, from 0.
+    pub index: usize,
+    /// How many chunks the resource has.
+    pub count: usize,
+    /// Its tokens.
+    pub tokens: usize,
+    /// Its combined score (see the module docs), rounded to 3 decimals.
+    pub score: f64,
+}
+
+/// The resources a [`Report`] left out: a list (it dereferences to
+/// `[Excluded]`, and serializes as one). Shared: an unchanged request hands
+/// out the list remembered with its message instead of copying it (with a
+/// thousand visible resources and a small budget it is most of the report),
+/// so cloning a report is cheap.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Exclusions(Arc<Vec<Excluded>>);
+
+impl std::ops::Deref for Exclusions {
+    type Target = [Excluded];
+    fn deref(&self) -> &[Excluded] {
+        &self.0
+    }
+}
+
+impl From<Vec<Excluded>> for Exclusions {
+    fn from(v: Vec<Excluded>) -> Self {
+        Exclusions(Arc::new(v))
+    }
+}
+
+impl FromIterator<Excluded> for Exclusions {
+    fn from_iter<I: IntoIterator<Item = Excluded>>(iter: I) -> Self {
+        Exclusions(Arc::new(iter.into_iter().collect()))
+    }
+}
+
+impl<'a> IntoIterator for &'a Exclusions {
+    type Item = &'a Excluded;
+    type IntoIter = std::slice::Iter<'a, Excluded>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl Exclusions {
+    /// Adds one (copying the list only if it is shared).
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, e: Excluded) {
+        Arc::make_mut(&mut self.0).push(e);
+    }
+}
 
 /// The shared cache (`cache.backend: redis`) as one request saw it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct SharedCacheReport {
     /// Whether Redis answered and the event subscription was up.
     pub up: bool,
@@ -28,6 +88,7 @@ pub struct SharedCacheReport {
 
 /// The state of the shared cache of one process, for `/metrics`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct SharedCacheStatus {
     /// Whether Redis answered the last command and the event subscription
     /// is up.
@@ -52,6 +113,7 @@ pub struct SharedCacheStatus {
 
 /// A server that could not be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServerFailure {
     /// The server name.
     pub server: String,
@@ -61,6 +123,7 @@ pub struct ServerFailure {
 
 /// The MCP revision one connected server speaks (the report's server section).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServerProtocol {
     /// The server name.
     pub server: String,
@@ -71,6 +134,7 @@ pub struct ServerProtocol {
 /// Why a resource is not in the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ExcludeReason {
     /// The user's policy does not allow it (it was never read).
     Denied,
@@ -83,7 +147,7 @@ pub enum ExcludeReason {
     /// It was requested (selected, mentioned, included) but the server does
     /// not offer it: not listed, not an expansion of a listed template, not a
     /// policy include, or spelled so that a server could read something
-    /// else (see [`admit`](crate::admit)). It was never read.
+    /// else (see [`admit`](crate::access::admit)). It was never read.
     NotFound,
 }
 
@@ -101,6 +165,7 @@ impl fmt::Display for ExcludeReason {
 
 /// A resource in the message.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Included {
     /// `server:uri`.
     pub id: String,
@@ -119,6 +184,7 @@ pub struct Included {
 
 /// A resource left out.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Excluded {
     /// `server:uri`.
     pub id: String,
@@ -131,6 +197,7 @@ pub struct Excluded {
 
 /// Where the time went, in milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Timings {
     /// Policy and selection.
     pub select_ms: f64,
@@ -144,6 +211,7 @@ pub struct Timings {
 
 /// What one injection did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Report {
     /// The user the context was built for.
     pub user: String,
@@ -163,11 +231,8 @@ pub struct Report {
     pub tokens: usize,
     /// In the message, in message order.
     pub included: Vec<Included>,
-    /// Left out. Shared: an unchanged request hands out the list remembered
-    /// with its message instead of copying it (with a thousand visible
-    /// resources and a small budget it is most of the report), so cloning a
-    /// report is cheap; change it with `Arc::make_mut`.
-    pub excluded: Arc<Vec<Excluded>>,
+    /// Left out, with the reason for each.
+    pub excluded: Exclusions,
     /// Servers that could not be used, or whose listing is incomplete.
     pub failed_servers: Vec<ServerFailure>,
     /// The revision each connected server speaks.

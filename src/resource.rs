@@ -1,6 +1,8 @@
 //! Our own view of MCP resources. No rmcp type crosses the public API: these
 //! are converted from the wire types in `hub` and are all the rest of the
 //! pipeline ever sees.
+//!
+//! Layer: bottom. Imports only `id`.
 
 use std::time::SystemTime;
 

@@ -7,6 +7,9 @@
 //! A resource the user may not see and a resource that does not exist get
 //! the *same* answer, so the model cannot probe for what it may not see; a
 //! denied resource is never read.
+//!
+//! Layer: adapters. Imports the orchestrator (`context`), `compose`, `tokenize`, `id`, `resource`; it adds
+//! `McpContext::tools` here so that the orchestrator does not import its adapters.
 
 use async_openai::types::chat::{
     ChatCompletionMessageToolCalls, ChatCompletionRequestMessage, ChatCompletionRequestToolMessage, ChatCompletionTool,
@@ -15,11 +18,12 @@ use async_openai::types::chat::{
 use futures::future::join_all;
 use serde_json::json;
 
-use crate::budget::{Tokenizer, cut_to_fit, marker};
+use crate::compose::render_text;
+use crate::compose::{cut_to_fit, marker};
 use crate::context::McpContext;
 use crate::id::ResourceId;
-use crate::render::render_text;
 use crate::resource::Resource;
+use crate::tokenize::Tokenizer;
 
 /// Name of the listing tool.
 pub const LIST_TOOL: &str = "list_mcp_resources";
@@ -112,6 +116,7 @@ fn one_line(s: &str) -> String {
 
 /// The result of one tool call.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ToolResult {
     /// The call's id.
     pub tool_call_id: String,
@@ -210,7 +215,7 @@ impl<'a> ResourceTools<'a> {
 
 /// Cuts a tool result to at most `cap` tokens, marker included, with the
 /// packer's own truncation and marker (`[truncated: kept K of N tokens]`).
-fn cap_tokens(model: &str, cache: &crate::budget::TokenCache, text: String, cap: usize) -> String {
+fn cap_tokens(model: &str, cache: &crate::tokenize::TokenCache, text: String, cap: usize) -> String {
     let (tok, _) = Tokenizer::for_model(model);
     let total = cache.count(&tok, &text);
     if total <= cap {
@@ -220,6 +225,16 @@ fn cap_tokens(model: &str, cache: &crate::budget::TokenCache, text: String, cap:
         Some(cut) => cut.head,
         // Not even the marker fits: the marker alone says what happened.
         None => marker(0, total),
+    }
+}
+
+/// The adapter's entry point on the engine (here, so that the orchestrator
+/// does not import its adapters).
+impl McpContext {
+    /// The model-driven tools (`list_mcp_resources`, `read_mcp_resource`)
+    /// over this engine.
+    pub fn tools(&self) -> ResourceTools<'_> {
+        ResourceTools::new(self)
     }
 }
 
@@ -270,7 +285,7 @@ mod tests {
 
     #[test]
     fn caps_tool_results_with_the_marker() {
-        let cache = crate::budget::TokenCache::new();
+        let cache = crate::tokenize::TokenCache::new();
         let text = "word ".repeat(500);
         let (tok, _) = Tokenizer::for_model("gpt-4o");
         let total = tok.count(&text);

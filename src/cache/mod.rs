@@ -23,6 +23,9 @@
 //! - With `cache: { backend: redis }`, a local miss looks in Redis before
 //!   reading from the server, and what this replica learns of a change is
 //!   passed on to every other replica ([`shared`]).
+//!
+//! Layer: sources, above the hub. Imports `hub`, `config` and the bottom (`report`, `error`, `cause`, `id`,
+//! `lru`, `resource`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +40,9 @@ use crate::error::{Error, Result};
 use crate::hub::{Hub, HubEvent};
 use crate::id::ResourceId;
 use crate::resource::Contents;
+
+mod state;
+use state::{Flight, State, bump_all, invalidate, on_remote};
 
 #[cfg(feature = "redis")]
 mod shared;
@@ -143,118 +149,6 @@ pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// [`ITEM_OVERHEAD`](crate::lru::ITEM_OVERHEAD) for the entry and each part.
 pub(crate) fn entry_bytes(contents: &Contents, user: &str) -> usize {
     crate::lru::contents_bytes(contents) + user.len()
-}
-
-/// A read in flight: the contents, and where they came from.
-type Flight = Shared<BoxFuture<'static, std::result::Result<(Arc<Contents>, Origin), Error>>>;
-
-#[derive(Default)]
-struct State {
-    entries: HashMap<ResourceId, Slot>,
-    /// Bumped on every change to `entries` (a store, an invalidation, a
-    /// prune): what was built from a set of hits is still right while this
-    /// is unchanged and none of those hits has expired (see [`Hits`]).
-    version: u64,
-    /// Bumped on every invalidation of an id; a read only stores its result
-    /// if the generation it started with is still current.
-    generation: HashMap<ResourceId, u64>,
-    /// Reads in flight, with the user who started each: a `private` answer
-    /// is that user's only, and other waiters read again for themselves.
-    inflight: HashMap<ResourceId, (Flight, String)>,
-    /// Subscribed ids, with the connection epoch the subscription lives on.
-    subscribed: HashMap<ResourceId, u64>,
-    /// Bytes of the private entries ([`entry_bytes`]), all users together.
-    private_bytes: usize,
-    /// `cache.private_max_bytes`.
-    private_max: usize,
-    /// Servers with `serve_stale`: their expired private entries are the
-    /// fallback for a failed re-read, so only the byte bound drops them.
-    keep_expired: HashSet<String>,
-    /// Use ticks for [`Entry::used`].
-    clock: AtomicU64,
-}
-
-impl State {
-    fn tick(&self) -> u64 {
-        self.clock.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Stores a private entry for `user`, then brings the private entries
-    /// back under their bound. An entry larger than the bound is not kept.
-    fn store_private(&mut self, id: &ResourceId, user: String, entry: Entry, now: Instant) {
-        if entry.bytes > self.private_max {
-            return;
-        }
-        self.private_bytes += entry.bytes;
-        let slot = self.entries.entry(id.clone()).or_default();
-        if let Some(old) = slot.private.get_or_insert_default().insert(user, entry) {
-            self.private_bytes -= old.bytes;
-        }
-        if self.private_bytes > self.private_max {
-            self.sweep(now);
-        }
-    }
-
-    /// Drops expired private entries, then, while over the bound, the least
-    /// recently used down to [`low_water`](crate::lru::low_water) of it.
-    fn sweep(&mut self, now: Instant) {
-        let before = self.private_bytes;
-        let keep_expired = &self.keep_expired;
-        let mut freed = 0;
-        for (id, slot) in &mut self.entries {
-            if let Some(p) = &mut slot.private
-                && !keep_expired.contains(&id.server)
-            {
-                p.retain(|_, e| {
-                    let live = e.expires.is_none_or(|t| t > now);
-                    if !live {
-                        freed += e.bytes;
-                    }
-                    live
-                });
-            }
-        }
-        self.private_bytes -= freed;
-        if self.private_bytes > self.private_max {
-            let excess = self.private_bytes - crate::lru::low_water(self.private_max);
-            let items = self.entries.iter().flat_map(|(id, slot)| {
-                slot.private.iter().flat_map(move |p| {
-                    p.iter().map(move |(user, e)| (e.used.load(Ordering::Relaxed), e.bytes, (id, user.as_str())))
-                })
-            });
-            let gone: Vec<(ResourceId, String)> =
-                crate::lru::oldest(items, excess).into_iter().map(|(id, user)| (id.clone(), user.to_owned())).collect();
-            for (id, user) in gone {
-                if let Some(e) =
-                    self.entries.get_mut(&id).and_then(|s| s.private.as_mut()).and_then(|p| p.remove(&user))
-                {
-                    self.private_bytes -= e.bytes;
-                }
-            }
-        }
-        if self.private_bytes != before {
-            for slot in self.entries.values_mut() {
-                if slot.private.as_ref().is_some_and(|p| p.is_empty()) {
-                    slot.private = None;
-                }
-            }
-            self.entries.retain(|_, slot| !slot.is_empty());
-            self.version += 1;
-        }
-    }
-
-    /// Removes every entry of `id`.
-    fn remove(&mut self, id: &ResourceId) {
-        if let Some(slot) = self.entries.remove(id) {
-            self.private_bytes -= slot.private_bytes();
-        }
-    }
-
-    /// Removes every entry.
-    fn clear(&mut self) {
-        self.entries.clear();
-        self.private_bytes = 0;
-    }
 }
 
 pub(crate) struct ContentCache {
@@ -625,218 +519,9 @@ async fn read_shared(
     match **sh {}
 }
 
-/// What another replica told us.
-fn on_remote(s: &mut State, r: Remote) {
-    #[cfg(feature = "redis")]
-    match r {
-        Remote::Invalidate { server, uri } => invalidate(s, &ResourceId::from_listing(&server, &uri)),
-        Remote::Resync => {
-            s.clear();
-            bump_all(s);
-        }
-    }
-    #[cfg(not(feature = "redis"))]
-    {
-        let _ = s;
-        match r {}
-    }
-}
-
-fn invalidate(s: &mut State, id: &ResourceId) {
-    s.remove(id);
-    s.version += 1;
-    *s.generation.entry(id.clone()).or_default() += 1;
-}
-
-fn bump_all(s: &mut State) {
-    s.version += 1;
-    for g in s.generation.values_mut() {
-        *g += 1;
-    }
-    // Reads in flight for ids without a generation yet must not store either.
-    let ids: Vec<ResourceId> = s.inflight.keys().cloned().collect();
-    for id in ids {
-        *s.generation.entry(id).or_default() += 1;
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::resource::ContentPart;
-
-    fn state(max: usize) -> State {
-        State { private_max: max, keep_expired: ["stale".to_owned()].into(), ..State::default() }
-    }
-
-    fn private(text: &str) -> Arc<Contents> {
-        let part = ContentPart::Text { text: text.to_owned(), mime_type: None };
-        Arc::new(Contents { parts: vec![part], private: true, ..Contents::default() })
-    }
-
-    /// Stores `text` for `user` under `server:doc`, expiring at `expires`.
-    fn store(s: &mut State, server: &str, user: &str, text: &str, expires: Instant) {
-        let contents = private(text);
-        let bytes = entry_bytes(&contents, user);
-        let entry = Entry { contents, expires: Some(expires), epoch: 0, bytes, used: AtomicU64::new(s.tick()) };
-        s.store_private(&ResourceId::from_listing(server, "fx://doc"), user.to_owned(), entry, Instant::now());
-    }
-
-    fn users(s: &State) -> Vec<String> {
-        let mut v: Vec<String> =
-            s.entries.values().flat_map(|slot| slot.private.iter().flat_map(|p| p.keys().cloned())).collect();
-        v.sort();
-        v
-    }
-
-    /// The byte count is the sum of what is kept.
-    fn counted_right(s: &State) -> bool {
-        s.private_bytes == s.entries.values().map(Slot::private_bytes).sum::<usize>()
-    }
-
-    #[test]
-    fn private_entries_stay_under_their_bound_least_recently_used_first() {
-        let later = Instant::now() + Duration::from_secs(60);
-        let one = entry_bytes(&private(&"x".repeat(1000)), "u00");
-        let mut s = state(one * 10);
-        for i in 0..10 {
-            store(&mut s, "fx", &format!("u{i:02}"), &"x".repeat(1000), later);
-        }
-        assert_eq!(s.private_bytes, one * 10, "ten fit exactly");
-        // u00 is used again: it is now the most recent.
-        let id = ResourceId::from_listing("fx", "fx://doc");
-        s.entries[&id].for_user("u00").unwrap().used.store(s.tick(), Ordering::Relaxed);
-        store(&mut s, "fx", "u10", &"x".repeat(1000), later);
-        // Over the bound: back to 7/8 of it, the oldest (u01, u02) gone first.
-        assert!(s.private_bytes <= crate::lru::low_water(one * 10), "{}", s.private_bytes);
-        assert!(counted_right(&s));
-        let kept = users(&s);
-        assert!(kept.contains(&"u00".to_owned()) && kept.contains(&"u10".to_owned()), "{kept:?}");
-        assert!(!kept.contains(&"u01".to_owned()) && !kept.contains(&"u02".to_owned()), "{kept:?}");
-        assert_eq!(kept.len(), 8);
-        // A thousand more: never above the bound, and the count stays right.
-        for i in 0..1000 {
-            store(&mut s, "fx", &format!("v{i}"), &"y".repeat(500 + i % 700), later);
-            assert!(s.private_bytes <= one * 10);
-        }
-        assert!(counted_right(&s));
-    }
-
-    #[test]
-    fn replacing_a_users_entry_counts_only_the_new_one() {
-        let later = Instant::now() + Duration::from_secs(60);
-        let mut s = state(1 << 20);
-        store(&mut s, "fx", "ann", &"x".repeat(5000), later);
-        store(&mut s, "fx", "ann", &"x".repeat(100), later);
-        assert_eq!(s.private_bytes, entry_bytes(&private(&"x".repeat(100)), "ann"));
-        assert!(counted_right(&s));
-    }
-
-    #[test]
-    fn an_entry_larger_than_the_bound_is_not_kept_and_zero_keeps_none() {
-        let later = Instant::now() + Duration::from_secs(60);
-        let mut s = state(1000);
-        store(&mut s, "fx", "ann", &"x".repeat(2000), later);
-        assert!(s.entries.is_empty() && s.private_bytes == 0);
-        let mut s = state(0);
-        store(&mut s, "fx", "ann", "x", later);
-        assert!(s.entries.is_empty() && s.private_bytes == 0);
-    }
-
-    #[test]
-    fn expired_private_entries_are_swept_except_a_stale_serving_servers() {
-        let now = Instant::now();
-        let (past, later) = (now - Duration::from_millis(1), now + Duration::from_secs(60));
-        let mut s = state(1 << 20);
-        store(&mut s, "fx", "ann", "gone", past);
-        store(&mut s, "fx", "ben", "kept", later);
-        store(&mut s, "stale", "ann", "the fallback", past);
-        let version = s.version;
-        s.sweep(now);
-        assert_eq!(users(&s), ["ann", "ben"]);
-        assert!(s.entries[&ResourceId::from_listing("fx", "fx://doc")].for_user("ann").is_none());
-        assert!(counted_right(&s));
-        assert!(s.version > version, "what was built from a swept entry is void");
-    }
-
-    #[test]
-    fn invalidation_and_clearing_keep_the_count() {
-        let later = Instant::now() + Duration::from_secs(60);
-        let mut s = state(1 << 20);
-        store(&mut s, "fx", "ann", "a", later);
-        store(&mut s, "gx", "ann", "b", later);
-        invalidate(&mut s, &ResourceId::from_listing("fx", "fx://doc"));
-        assert!(counted_right(&s) && s.private_bytes > 0);
-        s.clear();
-        assert_eq!(s.private_bytes, 0);
-    }
-
-    fn shared_entry(text: &str) -> Entry {
-        let contents = Arc::new(Contents {
-            parts: vec![ContentPart::Text { text: text.to_owned(), mime_type: None }],
-            ..Contents::default()
-        });
-        Entry { contents, expires: None, epoch: 0, bytes: 0, used: AtomicU64::new(0) }
-    }
-
-    fn text_of(e: Option<&Entry>) -> Option<&str> {
-        match e?.contents.parts.first()? {
-            ContentPart::Text { text, .. } => Some(text),
-            _ => None,
-        }
-    }
-
-    /// A user's private answer is theirs alone; everyone else gets the
-    /// shared one (or nothing).
-    #[test]
-    fn a_private_entry_is_its_users_and_the_shared_one_everyone_elses() {
-        let mut slot = Slot { shared: Some(shared_entry("for all")), private: None };
-        slot.private.get_or_insert_default().insert("ann".into(), shared_entry("ann's"));
-        assert_eq!(text_of(slot.for_user("ann")), Some("ann's"));
-        assert_eq!(text_of(slot.for_user("bob")), Some("for all"));
-        slot.shared = None;
-        assert_eq!(text_of(slot.for_user("bob")), None);
-        assert!(!slot.is_empty());
-        assert!(Slot::default().is_empty());
-    }
-
-    /// An invalidation bumps the version (what was built from hits is
-    /// stale) and that id's generation (a read in flight for it must not
-    /// store its now old answer), no other id's; a resync bumps every id's,
-    /// those only in flight included.
-    #[test]
-    fn invalidation_bumps_the_version_and_only_that_ids_generation() {
-        let mut s = state(1 << 20);
-        let (a, b) = (ResourceId::from_listing("s", "fx://a"), ResourceId::from_listing("s", "fx://b"));
-        store(&mut s, "s", "ann", "x", Instant::now() + Duration::from_secs(60));
-        let v = s.version;
-        invalidate(&mut s, &a);
-        assert_eq!(s.version, v + 1);
-        assert_eq!((s.generation.get(&a), s.generation.get(&b)), (Some(&1), None));
-        let flight: Flight = futures::future::ready(Err(Error::NotFound { id: b.to_string() })).boxed().shared();
-        s.inflight.insert(b.clone(), (flight, "ann".into()));
-        bump_all(&mut s);
-        assert_eq!(s.version, v + 2);
-        assert_eq!((s.generation.get(&a), s.generation.get(&b)), (Some(&2), Some(&1)));
-    }
-
-    /// The error of a read in flight reaches every waiter whole.
-    #[tokio::test]
-    async fn every_waiter_of_a_failed_read_gets_the_same_error() {
-        let flight: Flight = futures::future::ready(Err(Error::Timeout {
-            server: "s".into(),
-            what: "resources/read fx://a".into(),
-            after_ms: 5,
-        }))
-        .boxed()
-        .shared();
-        let (one, two) = futures::join!(flight.clone(), flight);
-        let (one, two) = (one.err().unwrap(), two.err().unwrap());
-        assert!(one.is_timeout() && two.is_timeout());
-        assert_eq!(one.to_string(), two.to_string());
-    }
-}
+mod tests;

@@ -2,33 +2,13 @@
 //! and preamble, the read deadline, and how resources are chosen. May
 //! import the config's constants and the composition defaults.
 
-use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::{DEFAULT_MAX_RESOURCE_BYTES, DEFAULT_MAX_TOKENS, Found, SelectMode};
+use crate::mode::MessageRole;
 use crate::yaml::Node;
-
-/// Which message role carries the context.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum MessageRole {
-    /// A `system` message (default).
-    #[default]
-    System,
-    /// A `developer` message, for newer OpenAI models.
-    Developer,
-}
-
-impl fmt::Display for MessageRole {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            MessageRole::System => "system",
-            MessageRole::Developer => "developer",
-        })
-    }
-}
 
 /// The `context:` section.
 #[derive(Debug, Clone, Deserialize)]
@@ -77,7 +57,7 @@ pub struct ContextSettings {
     /// Bytes the chunk index (relevance mode's passages, terms and token
     /// offsets per content version, with the contents they were cut from)
     /// may keep, all resources and users together (approximate: see
-    /// [`ChunkIndex`](crate::ChunkIndex)). Past it the least recently used
+    /// [`ChunkIndex`](crate::compose::ChunkIndex)). Past it the least recently used
     /// content versions go first; one larger than the bound is chunked for
     /// each request and not kept. `0` keeps none. Default
     /// [`DEFAULT_CHUNK_INDEX_MAX_BYTES`].
@@ -94,7 +74,7 @@ fn default_warm_memo_max_bytes() -> usize {
 }
 
 /// Default `context.chunk_index_max_bytes`: defined with the chunk index it bounds.
-pub use crate::relevance::DEFAULT_CHUNK_INDEX_MAX_BYTES;
+use crate::compose::DEFAULT_CHUNK_INDEX_MAX_BYTES;
 
 fn default_chunk_index_max_bytes() -> usize {
     DEFAULT_CHUNK_INDEX_MAX_BYTES
@@ -120,10 +100,10 @@ fn millis<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Duratio
     u64::deserialize(d).map(Duration::from_millis)
 }
 fn default_chunk_tokens() -> usize {
-    crate::relevance::DEFAULT_CHUNK_TOKENS
+    crate::compose::DEFAULT_CHUNK_TOKENS
 }
 fn default_chunk_overlap() -> usize {
-    crate::relevance::DEFAULT_CHUNK_OVERLAP
+    crate::compose::DEFAULT_CHUNK_OVERLAP
 }
 
 impl Default for ContextSettings {

@@ -42,7 +42,7 @@ use serde::Deserialize;
 
 use self::cache::RawCache;
 pub use self::cache::{CacheBackend, CacheSettings, DEFAULT_KEY_PREFIX, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL};
-pub use self::context::{ContextSettings, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_WARM_MEMO_MAX_BYTES, MessageRole};
+pub use self::context::{ContextSettings, DEFAULT_WARM_MEMO_MAX_BYTES};
 use self::env::Expander;
 use self::serve::RawServe;
 pub use self::serve::{
@@ -52,7 +52,7 @@ pub use self::serve::{
 use self::servers::RawServer;
 pub use self::servers::{Protocol, ServerConfig, Transport};
 use crate::error::{Error, Result};
-pub(crate) use crate::relevance::SelectMode;
+pub(crate) use crate::mode::SelectMode;
 use crate::yaml::{self, Lenient, Node, OrderedMap, Pos, Problems};
 
 /// Default per-request timeout.

@@ -56,7 +56,7 @@ pub(super) struct RawServe {
 struct RawAnthropic {
     upstream: Option<String>,
     api_key: Option<String>,
-    select: Option<crate::relevance::SelectMode>,
+    select: Option<crate::mode::SelectMode>,
 }
 
 #[derive(Deserialize)]
@@ -225,7 +225,7 @@ pub struct AnthropicSettings {
     /// How this route chooses resources (default `priority`: the block then
     /// depends only on the user, the policy and the resources, so it stays
     /// byte-identical turn after turn and the prompt cache after it holds).
-    pub select: crate::relevance::SelectMode,
+    pub select: crate::mode::SelectMode,
 }
 
 impl Default for ServeSettings {
@@ -426,7 +426,7 @@ pub(super) fn settings(
         AnthropicSettings {
             upstream,
             api_key: api_key.map(SecretString::from),
-            select: a.select.unwrap_or(crate::relevance::SelectMode::Priority),
+            select: a.select.unwrap_or(crate::mode::SelectMode::Priority),
         }
     });
     let upstream_user = raw.upstream_user.unwrap_or_default();

@@ -10,6 +10,7 @@ mod loading {
     use super::super::host::SERVER_KEYS;
     use super::super::*;
     use crate::cause::redact_url;
+    use crate::mode::MessageRole;
 
     fn env(k: &str) -> Option<String> {
         match k {
@@ -138,10 +139,10 @@ mod loading {
         let a = c.serve.anthropic.as_ref().unwrap();
         assert_eq!(a.upstream, DEFAULT_ANTHROPIC_UPSTREAM);
         assert_eq!(a.api_key.as_ref().map(|k| k.expose_secret()), Some("s3cr3t"));
-        assert_eq!(a.select, crate::relevance::SelectMode::Priority, "caches first on this route");
+        assert_eq!(a.select, crate::mode::SelectMode::Priority, "caches first on this route");
         assert!(!format!("{c:?}").contains("s3cr3t"));
         let c = load("serve:\n  anthropic: { upstream: \"http://h/v1\", select: relevance }\n").unwrap();
-        assert_eq!(c.serve.anthropic.unwrap().select, crate::relevance::SelectMode::Relevance);
+        assert_eq!(c.serve.anthropic.unwrap().select, crate::mode::SelectMode::Relevance);
         assert!(load("servers: {}\n").unwrap().serve.anthropic.is_none());
         for (src, at, text) in [
             ("serve:\n  anthropic:\n    upstream: ftp://x\n", ":3:15", "must start with http"),
@@ -372,6 +373,7 @@ mod all_problems {
 
 mod memory_bounds {
     use super::super::*;
+    use crate::compose::DEFAULT_CHUNK_INDEX_MAX_BYTES;
 
     fn load(src: &str) -> Result<Config> {
         Config::from_yaml_with_env(src, Path::new("/etc/mc/mcp-context.yaml"), &|_| None)

@@ -25,12 +25,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::budget::{TokenCache, Tokenizer};
 use crate::cache::{ContentCache, Origin};
+use crate::compose::{Chunk, ChunkIndex, Chunked, render_head_into, term_probe};
 use crate::id::ResourceId;
-use crate::relevance::{Chunk, ChunkIndex, Chunked, term_probe};
-use crate::render::render_head_into;
 use crate::resource::{Contents, Resource};
+use crate::tokenize::{TokenCache, Tokenizer};
 
 const COUNTS: u8 = 0;
 const CHUNKS: u8 = 1;

@@ -6,12 +6,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::ContextMessage;
 use super::select::Selection;
-use super::{Composition, ContextMessage};
+use crate::compose::Composition;
 use crate::hub::Hub;
+use crate::mode::SelectMode;
 use crate::policy::{DecisionKey, Policy};
-use crate::relevance::SelectMode;
-use crate::report::{Excluded, Included, Report};
+use crate::report::{Excluded, Included, Report, Timings};
 use crate::resource::{Contents, Resource};
 
 /// The last few compositions, so an unchanged request (same resources,
@@ -233,6 +234,14 @@ pub(super) struct WarmEntry {
     pub(super) report: Report,
 }
 
+/// What a remembered answer is checked against: the state now.
+pub(super) struct WarmCheck<'a> {
+    pub(super) policy: &'a Arc<Policy>,
+    pub(super) listing_generation: u64,
+    pub(super) cache_version: u64,
+    pub(super) hub: &'a Hub,
+}
+
 /// The content cache's state that a set of hits stays valid under.
 #[derive(Clone, Copy)]
 pub(super) struct CacheStamp {
@@ -331,6 +340,30 @@ impl WarmMemo {
         valid.then(|| (e.message.clone(), e.report.clone()))
     }
 
+    /// The warm path's whole answer: the remembered message and report,
+    /// with what is of this moment brought up to date (the servers' state,
+    /// the shared cache's, which lent nothing this time, and the time
+    /// taken), or `None` when the memo cannot answer (see [`WarmMemo::get`]).
+    pub(super) fn replay(
+        &self,
+        key: &WarmKey,
+        now: WarmCheck<'_>,
+        shared: Option<crate::report::SharedCacheStatus>,
+        started: Instant,
+    ) -> Option<(Option<ContextMessage>, Report)> {
+        let WarmCheck { policy, listing_generation, cache_version, hub } = now;
+        let (message, mut report) = self.get(key, policy, listing_generation, cache_version, hub)?;
+        report.failed_servers = hub.failures();
+        report.servers = hub.protocols();
+        // Everything came from the local cache this time.
+        report.shared_cache =
+            shared.map(|s| crate::report::SharedCacheReport { up: s.up, error: s.error, hits: 0, derived: 0 });
+        let total = super::request::ms(started.elapsed());
+        report.timings = Timings { select_ms: 0.0, read_ms: 0.0, pack_ms: 0.0, total_ms: total };
+        report.trace();
+        Some((message, report))
+    }
+
     /// Remembers `entry` as the user's answer (replacing their previous
     /// one), then brings the memo back under its bound. An answer larger
     /// than the bound is not kept.
@@ -362,7 +395,8 @@ impl WarmMemo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, MessageRole};
+    use crate::config::Config;
+    use crate::mode::MessageRole;
 
     fn key(user: &str) -> WarmKey {
         WarmKey { user: user.into(), model: "gpt-4o".into(), budget: None, select: None, query: None }
@@ -432,7 +466,7 @@ mod tests {
         let mut e = entry(&policy, 4_000);
         let small = e.bytes(&key("ann"));
         assert!(small >= 4_000);
-        Arc::make_mut(&mut e.report.excluded).push(Excluded {
+        e.report.excluded.push(Excluded {
             id: "fx:fx://doc".into(),
             reason: crate::report::ExcludeReason::Budget,
             detail: Some("d".repeat(3_000)),

@@ -15,26 +15,27 @@
 //! candidates, decide, sort), `read` (the deadline-bounded read fan-out),
 //! `memo` (the selection, composition and warm-request memos and when each
 //! is still right).
+//!
+//! Layer: orchestrator. Imports every layer below it (composition, `inject`, settings, access,
+//! sources); no adapter (`tools`, `client`) or proxy: those import it.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use async_openai::types::chat::CreateChatCompletionRequest;
 
-use crate::budget::{DEFAULT_MIN_USEFUL_TOKENS, PackInput, Packed, TokenCache, Tokenizer, pack, pack_in_place};
-use crate::cache::{ContentCache, Origin};
-use crate::config::{Config, ContextSettings, MessageRole};
+use crate::cache::ContentCache;
+use crate::compose::{ChunkIndex, Query};
+use crate::config::{Config, ContextSettings};
 use crate::error::{Error, Result};
 use crate::gate::{Admitted, Refusal, admit};
 use crate::hub::Hub;
 use crate::id::ResourceId;
 use crate::inject::inject_message;
+use crate::mode::{MessageRole, SelectMode};
 use crate::policy::Policy;
-use crate::relevance::{Candidate, ChunkIndex, Query, SelectMode, compose_with_mode};
-use crate::render::DEFAULT_PREAMBLE;
-use crate::report::{ExcludeReason, Excluded, Included, Report, Timings};
+use crate::report::Report;
 use crate::resource::{Contents, Resource};
-use crate::tools::ResourceTools;
+use crate::tokenize::{TokenCache, Tokenizer};
 
 #[cfg(feature = "redis")]
 mod derived;
@@ -43,11 +44,11 @@ mod derived;
 mod derived {
     use std::sync::Arc;
 
-    use crate::budget::{TokenCache, Tokenizer};
     use crate::cache::{ContentCache, Origin};
+    use crate::compose::ChunkIndex;
     use crate::id::ResourceId;
-    use crate::relevance::ChunkIndex;
     use crate::resource::{Contents, Resource};
+    use crate::tokenize::{TokenCache, Tokenizer};
 
     pub(crate) struct Exchange;
 
@@ -82,13 +83,10 @@ mod memo;
 mod read;
 mod select;
 
-use memo::{
-    Composed, CompositionInputs, CompositionKey, CompositionMemo, Connections, SelectionMemo, WarmEntry, WarmKey,
-    WarmMemo,
-};
+mod request;
 
-/// Priority given to resources that carry none.
-pub const DEFAULT_PRIORITY: f32 = 0.5;
+use memo::{CompositionMemo, SelectionMemo, WarmMemo};
+use request::Run;
 
 /// What to build the context for.
 #[derive(Debug, Clone, Default)]
@@ -145,6 +143,7 @@ impl From<&ContextRequest> for ContextRequest {
 
 /// The message to inject.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ContextMessage {
     /// `system` or `developer`.
     pub role: MessageRole,
@@ -260,12 +259,6 @@ impl McpContext {
         self.tokens.clone()
     }
 
-    /// The model-driven tools (`list_mcp_resources`, `read_mcp_resource`)
-    /// over this engine.
-    pub fn tools(&self) -> ResourceTools<'_> {
-        ResourceTools::new(self)
-    }
-
     /// Reads one requested resource for `user` as the model's read tool does:
     /// the gate, then the policy, then the cache. `Ok(None)` means "not
     /// found" in every sense a caller must not tell apart: refused by the
@@ -316,249 +309,38 @@ impl McpContext {
     /// Builds the context message for a request. `Ok((None, report))` when
     /// nothing is to be injected (the report says why).
     pub async fn build(&self, req: &ContextRequest) -> Result<(Option<ContextMessage>, Report)> {
-        let built = self.build_for(req, req.query.as_deref().map(Query::text)).await;
-        // Reads started ahead serve the first build only.
-        self.hub.stop_reading_ahead();
-        built
+        self.build_ranked(req, None).await
     }
 
     /// [`McpContext::build`] ranking by `query` in relevance mode when the
     /// request has no `query` of its own (which wins): how `serve` ranks by
     /// the conversation it relays ([`Query::from_chat_json`]), with the same
-    /// turns and weights as [`McpContext::inject`].
+    /// turns and weights as [`McpContext::inject`]. The one request path:
+    /// every other entry comes here (see `request.rs` for its steps).
     pub async fn build_ranked(
         &self,
         req: &ContextRequest,
         query: Option<Query>,
     ) -> Result<(Option<ContextMessage>, Report)> {
-        let built = self.build_for(req, req.query.as_deref().map(Query::text).or(query)).await;
+        let query = req.query.as_deref().map(Query::text).or(query);
+        let built = self.run(req, query).await;
+        // Reads started ahead serve the first build only.
         self.hub.stop_reading_ahead();
         built
     }
 
-    /// [`McpContext::build`] ranking by `query` (relevance mode).
-    async fn build_for(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
-        let started = Instant::now();
-        let policy = self.policy();
-        let model = req.model.as_deref().unwrap_or(&self.settings.model);
-        let query_key = query.as_ref().map(Query::key);
-        // The warm path: nothing this request depends on has changed since
-        // the same request last ran (see `WarmMemo`).
-        let warm_key = req.selection.is_none().then(|| WarmKey {
-            user: req.user.clone(),
-            model: model.to_owned(),
-            budget: req.budget,
-            select: req.select,
-            query: query_key.clone(),
-        });
-        let listing_generation = self.hub.listing_generation();
-        if let Some(key) = &warm_key
-            && let Some((message, mut report)) =
-                self.warm.get(key, &policy, listing_generation, self.cache.version(), &self.hub)
-        {
-            report.failed_servers = self.hub.failures();
-            report.servers = self.hub.protocols();
-            // Everything came from the local cache this time.
-            report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
-                up: s.up,
-                error: s.error,
-                hits: 0,
-                derived: 0,
-            });
-            let total = ms(started.elapsed());
-            report.timings = Timings { select_ms: 0.0, read_ms: 0.0, pack_ms: 0.0, total_ms: total };
-            report.trace();
-            return Ok((message, report));
+    async fn run(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
+        let run = Run::start(self, req, query);
+        if let Some(answer) = run.warm() {
+            return Ok(answer);
         }
-        let up = policy.for_user(&req.user);
-        let model = model.to_owned();
-        let (tok, warning) = self.tokenizer(&model).await?;
-        let ceiling = req.budget.unwrap_or(self.settings.max_tokens);
-        let budget = up.max_tokens().map_or(ceiling, |b| b.min(ceiling));
-        let mut report = Report {
-            user: req.user.clone(),
-            model,
-            encoding: tok.encoding().to_owned(),
-            role: Some(self.settings.role),
-            budget,
-            failed_servers: self.hub.failures(),
-            servers: self.hub.protocols(),
-            warnings: warning.into_iter().collect(),
-            ..Report::default()
-        };
-
-        // 1. Who may see what: decided before anything is read. Without a
-        // selection the answer depends only on the user and the listings, so
-        // it is remembered until a listing changes.
-        let selection = match &req.selection {
-            None => self
-                .selections
-                .get_or(up.decision_key(), listing_generation, &policy, || select::select(&self.hub, &up, None)),
-            Some(wanted) => Arc::new(select::select(&self.hub, &up, Some(wanted))),
-        };
-        Arc::make_mut(&mut report.excluded).extend(selection.excluded.iter().cloned());
-        let selected = &selection.resources;
-        let t_select = started.elapsed();
-        let any_selected = !selected.is_empty();
-
-        // 2. Read what is visible, concurrently (cache first).
-        let restarts_before: Vec<u32> = self.hub.status().iter().map(|s| s.restarts).collect();
-        // Before the lookup: a reconnection after it must void what is built here.
-        let connections = Connections::of(&self.hub, selected);
-        let (reads, hits, stamp) =
-            read::read_within_deadline(&self.hub, &self.cache, self.settings.deadline, selected, &req.user).await;
-        report.cache_hits = hits;
-        report.cache_misses = selected.len() - hits;
-        report.shared_cache = self.cache.shared_status().map(|s| crate::report::SharedCacheReport {
-            up: s.up,
-            error: s.error,
-            hits: reads.iter().filter(|r| r.as_ref().is_ok_and(|c| c.origin == Origin::Shared)).count(),
-            derived: 0,
-        });
-        for (s, before) in self.hub.status().into_iter().zip(restarts_before) {
-            if s.restarts > before {
-                report.restarted_servers.push(s.name);
-            }
-        }
-        let t_read = started.elapsed();
-        let mut ready = Vec::with_capacity(selected.len());
-        let mut origins = Vec::with_capacity(selected.len());
-        let mut stale = std::collections::HashSet::new();
-        for (i, (r, got)) in selected.iter().zip(reads).enumerate() {
-            match got {
-                Ok(c) => {
-                    if c.stale {
-                        stale.insert(r.id.to_string());
-                    }
-                    ready.push((i, c.contents));
-                    origins.push(c.origin);
-                }
-                Err(e) => Arc::make_mut(&mut report.excluded).push(Excluded {
-                    id: r.id.to_string(),
-                    reason: ExcludeReason::Error,
-                    detail: Some(e.to_string()),
-                }),
-            }
-        }
-        let any_read = !ready.is_empty();
-
-        // 3. Render and fit the budget, off the async runtime (tokenising can be slow).
-        let preamble = self.settings.preamble.as_deref().unwrap_or(DEFAULT_PREAMBLE);
-        let mode = req.select.unwrap_or(self.settings.select);
-        let all_warm = hits == selected.len() && stale.is_empty();
-        let inputs = CompositionInputs {
-            encoding: tok.encoding(),
-            preamble,
-            budget,
-            mode,
-            query: query_key.as_deref(),
-            selection: &selection,
-            ready: &ready,
-        };
-        let mut derived_used = 0;
-        let packed = match self.compositions.find(&inputs) {
-            Some(hit) => hit,
-            None => {
-                // Token counts and chunks another replica computed for what
-                // came from the shared cache (`derived`).
-                let mut exchange = {
-                    let candidates: Vec<_> =
-                        ready.iter().zip(&origins).map(|((i, c), o)| (&*selection.resources[*i], c, *o)).collect();
-                    derived::Exchange::fetch(&self.cache, &self.chunks, &tok, &candidates, &req.user).await
-                };
-                let preamble = preamble.to_owned();
-                let cache = self.tokens.clone();
-                let compositions = self.compositions.clone();
-                let selection = selection.clone();
-                let index = self.chunks.clone();
-                let forced = req.selection.is_some();
-                let (composed, used, offered) = tokio::task::spawn_blocking(move || {
-                    let items: Vec<Candidate<'_>> = ready
-                        .iter()
-                        .map(|(i, c)| Candidate { resource: &selection.resources[*i], contents: c, forced })
-                        .collect();
-                    let pairs: Vec<_> = items.iter().map(|c| (c.resource, c.contents)).collect();
-                    let used = exchange.seed(&tok, &cache, &index, &pairs);
-                    let c = compose_with_mode(&tok, &cache, &index, &preamble, budget, &items, mode, query.as_ref());
-                    let offered = (exchange.export(&tok, &cache, &index, &pairs), exchange);
-                    drop(pairs);
-                    let composed =
-                        Arc::new(Composed { mode: c.mode, warnings: c.warnings, ..Composed::from(c.composition) });
-                    drop(items);
-                    compositions.put(
-                        CompositionKey {
-                            encoding: tok.encoding(),
-                            preamble,
-                            budget,
-                            mode,
-                            query: query_key,
-                            selection,
-                            ready,
-                        },
-                        composed.clone(),
-                    );
-                    (composed, used, offered)
-                })
-                .await
-                .map_err(Error::task("packing"))?;
-                derived_used = used;
-                let (records, exchange) = offered;
-                exchange.finish(&self.cache, used, records, req.user.clone());
-                composed
-            }
-        };
-        if let Some(s) = &mut report.shared_cache {
-            s.derived = derived_used;
-        }
-        Arc::make_mut(&mut report.excluded).extend(packed.dropped.iter().cloned());
-        report.mode = any_read.then_some(packed.mode);
-        report.warnings.extend(packed.warnings.iter().cloned());
-        report.included = packed.included.clone();
-        for i in &mut report.included {
-            i.stale = stale.contains(&i.id);
-        }
-        report.tokens = packed.tokens;
-        let message = packed.content.clone().map(|content| ContextMessage {
-            role: self.settings.role,
-            content,
-            tokens: packed.tokens,
-        });
-        if message.is_none() {
-            report.reason = Some(if !any_selected {
-                "no resource is visible to this user".into()
-            } else if !any_read {
-                "every visible resource failed to read".into()
-            } else {
-                format!("nothing fits in the budget of {budget} tokens")
-            });
-        }
-        let total = started.elapsed();
-        report.timings = Timings {
-            select_ms: ms(t_select),
-            read_ms: ms(t_read - t_select),
-            pack_ms: ms(total - t_read),
-            total_ms: ms(total),
-        };
-        report.trace();
-        // Everything came from the cache: the same request gives the same
-        // answer until the cache, the listings, the policy or a connection
-        // changes, or one of these entries expires.
-        if let Some(key) = warm_key
-            && all_warm
-        {
-            self.warm.put(
-                key,
-                WarmEntry {
-                    policy,
-                    listing_generation,
-                    stamp,
-                    connections,
-                    message: message.clone(),
-                    report: report.clone(),
-                },
-            );
-        }
-        Ok((message, report))
+        let prepared = run.prepare().await?;
+        let selection = run.select(&prepared);
+        let t_select = run.elapsed();
+        let reads = run.read(&selection).await;
+        let t_read = run.elapsed();
+        let (composed, derived) = run.compose(&prepared, &selection, &reads).await?;
+        Ok(run.finish(prepared, &selection, reads, (&composed, derived), (t_select, t_read)))
     }
 
     /// The tokenizer for a model, loaded off the runtime the first time.
@@ -593,15 +375,16 @@ impl McpContext {
         if req.model.is_none() && !request.model.is_empty() {
             req.model = Some(request.model.clone());
         }
-        let query = req.query.as_deref().map(Query::text).or_else(|| Query::from_chat(&request));
-        let (message, report) = self.build_for(&req, query).await?;
+        // The request's own query wins (see `build_ranked`).
+        let query = if req.query.is_some() { None } else { Query::from_chat(&request) };
+        let (message, report) = self.build_ranked(&req, query).await?;
         inject_message(&mut request, message.as_ref().map(|m| m.content.as_str()), self.settings.role);
         Ok((request, report))
     }
 
     /// Builds the context for `user` and puts it into a Responses API
     /// request's `instructions`, ahead of the caller's own (which are kept,
-    /// after ours; see [`compose_instructions`](crate::compose_instructions)).
+    /// after ours; see [`compose_instructions`](crate::inject::compose_instructions)).
     /// Call it on every request: `instructions` is not carried over by
     /// `previous_response_id`. Returns the same [`Report`] as
     /// [`McpContext::inject`].
@@ -613,7 +396,12 @@ impl McpContext {
     ) -> Result<(async_openai::types::responses::CreateResponse, Report)> {
         let mut req = ContextRequest::for_user(user);
         req.model = request.model.clone().filter(|m| !m.is_empty());
-        let (message, report) = self.build(&req).await?;
+        // Ranked by the user text of `input`, as `serve` ranks a relayed
+        // `/v1/responses` body ([`Query::from_chat_json`]).
+        let query = serde_json::to_value(&request.input)
+            .ok()
+            .and_then(|input| Query::from_chat_json(&serde_json::json!({ "input": input })));
+        let (message, report) = self.build_ranked(&req, query).await?;
         request.instructions = crate::inject::compose_instructions(
             request.instructions.as_deref(),
             message.as_ref().map(|m| m.content.as_str()),
@@ -627,65 +415,8 @@ impl McpContext {
     }
 }
 
-/// The result of [`compose`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct Composition {
-    /// The message content; `None` when nothing fits.
-    pub content: Option<String>,
-    /// Exact token count of `content` (0 when `None`).
-    pub tokens: usize,
-    /// Included resources, in message order.
-    pub included: Vec<Included>,
-    /// Resources left out for the budget.
-    pub dropped: Vec<Excluded>,
-}
-
-/// The pure middle of the pipeline, for callers that read resources
-/// themselves: renders already-read resources **in the given order** and
-/// packs them under `budget` (exact count, preamble included). Token counts
-/// are cached in `cache` by content, so a repeated call with unchanged
-/// contents tokenises nothing. CPU-bound: call it off the async runtime.
-pub fn compose(
-    tok: &Tokenizer,
-    cache: &TokenCache,
-    preamble: &str,
-    budget: usize,
-    items: &[(&Resource, &Contents)],
-) -> Composition {
-    let packed: Packed = match pack_in_place(tok, cache, preamble, budget, items) {
-        Ok(packed) => packed,
-        Err(blocks) => {
-            pack(tok, cache, PackInput { preamble, blocks, budget, min_useful_tokens: DEFAULT_MIN_USEFUL_TOKENS })
-        }
-    };
-    Composition {
-        content: packed.content,
-        tokens: packed.tokens,
-        included: packed
-            .included
-            .into_iter()
-            .map(|i| Included {
-                id: i.id.to_string(),
-                tokens: i.tokens,
-                truncated: i.truncated,
-                stale: false,
-                chunks: None,
-            })
-            .collect(),
-        dropped: packed
-            .dropped
-            .into_iter()
-            .map(|d| Excluded { id: d.id.to_string(), reason: ExcludeReason::Budget, detail: Some(d.detail) })
-            .collect(),
-    }
-}
-
 /// Models whose tokenizer is remembered; past this the memo starts over.
 const TOKENIZER_MEMO_MODELS: usize = 32;
-
-fn ms(d: std::time::Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
-}
 
 /// The policy the config names (failing closed on any policy error), or
 /// allow-all when it names none.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::DEFAULT_PRIORITY;
+use crate::compose::DEFAULT_PRIORITY;
 use crate::gate::{Refusal, admit};
 use crate::hub::Hub;
 use crate::id::ResourceId;

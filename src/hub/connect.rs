@@ -154,7 +154,8 @@ pub(super) async fn connect_one(shared: &Arc<Shared>, s: &Server, restart: bool)
             // Usable at once (reads need no listing); the listing follows,
             // alongside (2026-07-28) the `listen` for list changes, so that
             // a change during the listing is heard and the listing not delayed.
-            s.connected(live.clone(), ms(connected), restart);
+            let restarted_at = restart.then(|| shared.restarts.fetch_add(1, Ordering::SeqCst) + 1);
+            s.connected(live.clone(), ms(connected), restarted_at);
             let listen = async {
                 if let Some(l) = live.listener.as_ref().filter(|l| l.useful())
                     && let Err(e) = l.start().await

@@ -36,6 +36,9 @@
 //! 2026-07-28 (`listen`); both end in the same hub events. rmcp's own
 //! response cache is off on every connection: the content cache (`cache.rs`)
 //! honours `ttlMs` and `cacheScope` per user.
+//!
+//! Layer: sources. Imports the settings (`config`), the transports (`pipe`, `http`, `large`) and the bottom
+//! (`report`, `error`, `cause`, `id`, `resource`).
 
 mod ahead;
 mod connect;
@@ -70,6 +73,7 @@ use server::{Server, lock_backoff};
 
 /// Something a server told us about its resources.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HubEvent {
     /// `notifications/resources/updated` for one URI.
     Updated {
@@ -93,6 +97,7 @@ pub enum HubEvent {
 
 /// Connection state of one server, for status displays.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServerStatus {
     /// The server name.
     pub name: String,
@@ -153,6 +158,9 @@ struct Shared {
     /// Bumped whenever any server's listing is replaced.
     generation: AtomicU64,
     ahead: ahead::ReadAhead,
+    /// Lost connections re-established so far, all servers together: the
+    /// clock of [`State::restarted_at`](server::State).
+    restarts: AtomicU64,
 }
 
 /// Connections to every configured server. Cheap to clone; all clones share
@@ -214,6 +222,7 @@ impl Hub {
             closed: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             ahead: ahead::ReadAhead::new(decide),
+            restarts: AtomicU64::new(0),
         });
         join_all(shared.servers.iter().map(|s| async {
             if !connect_one(&shared, s, false).await {
@@ -300,6 +309,20 @@ impl Hub {
         out
     }
 
+    /// A mark of the restarts so far, for [`Hub::restarted_since`].
+    pub(crate) fn restart_mark(&self) -> u64 {
+        self.shared.restarts.load(Ordering::SeqCst)
+    }
+
+    /// The servers whose lost connection was re-established after `mark`
+    /// was taken ([`Hub::restart_mark`]), in config order.
+    pub(crate) fn restarted_since(&self, mark: u64) -> Vec<String> {
+        if self.restart_mark() == mark {
+            return Vec::new();
+        }
+        self.shared.servers.iter().filter(|s| s.state().restarted_at > mark).map(|s| s.cfg.name.clone()).collect()
+    }
+
     /// Changes whenever any listing is replaced (connect, re-list, restart),
     /// so what was derived from the listings can be kept until then. Read
     /// it *before* the listings it stands for.
@@ -376,7 +399,7 @@ impl Hub {
     /// cut here, before anything tokenises it.
     ///
     /// This is the operator's raw read (the `read` command): no policy, no
-    /// gate. Anything that reads for a user goes through [`crate::admit`]
+    /// gate. Anything that reads for a user goes through [`admit`](crate::access::admit)
     /// and the policy first, as [`crate::McpContext`] does.
     ///
     /// On a hub that reads ahead, a read already started for `id` is taken

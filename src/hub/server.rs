@@ -39,6 +39,8 @@ pub(super) struct State {
     pub(super) list_ms: f64,
     /// How many times a lost connection was re-established.
     pub(super) restarts: u32,
+    /// The hub's restart count when this server last restarted (0: never).
+    pub(super) restarted_at: u64,
     /// Bumped on every successful (re)connection, so state tied to one
     /// connection (subscriptions, the entries they keep) can tell it is gone.
     pub(super) epoch: u64,
@@ -76,15 +78,17 @@ impl Server {
     }
 
     /// A connection came up: it is the current one, the last error is void,
-    /// the epoch moves on, and (`restart`) a lost connection is counted.
-    pub(super) fn connected(&self, live: Arc<Live>, connect_ms: f64, restart: bool) {
+    /// the epoch moves on, and (`restarted_at`, the hub's restart count
+    /// after this one) a lost connection is counted.
+    pub(super) fn connected(&self, live: Arc<Live>, connect_ms: f64, restarted_at: Option<u64>) {
         let mut s = self.state_mut();
         s.live = Some(live);
         s.error = None;
         s.epoch += 1;
         s.connect_ms = connect_ms;
-        if restart {
+        if let Some(at) = restarted_at {
             s.restarts += 1;
+            s.restarted_at = at;
         }
     }
 

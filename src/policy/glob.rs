@@ -12,8 +12,8 @@ use std::borrow::Cow;
 use globset::{Candidate, GlobSetBuilder};
 use globset::{Glob, GlobBuilder};
 
+use super::canonical_glob;
 use crate::error::quote;
-use crate::gate::canonical_glob;
 
 /// Most `**` runs one pattern may hold: each doubles the number of globs
 /// compiled and tried, and real policies need one or two.

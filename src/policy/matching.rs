@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use globset::{Candidate, Glob, GlobSet, GlobSetBuilder};
 
+use super::canonical_uri;
 use super::glob::{Head, Matcher, Pattern, mime_essence, mime_with_params};
 use super::raw::Include;
 use super::{Effect, RuleRef};
-use crate::gate::canonical_uri;
 use crate::id::ResourceId;
 use crate::resource::Resource;
 

@@ -62,6 +62,9 @@
 //! (`*/**/*`, which globset compiles to `[^/]*(/|/.*/)[^/]*`). A pattern with
 //! `k` runs thus becomes `2^k` globs, of which any may match; `k` is capped at
 //! [`MAX_RECURSIVE_RUNS`].
+//!
+//! Layer: access. Imports only the bottom (`error`, `id`, `resource`, `yaml`); the gate imports it, never
+//! the reverse.
 
 //! # Where things are
 //!
@@ -76,6 +79,7 @@
 //! * YAML errors and rule lines are located by `crate::yaml`, shared with
 //!   the config: positions come from the YAML parser, whatever the layout.
 
+mod canonical;
 mod compile;
 mod glob;
 mod matching;
@@ -93,6 +97,8 @@ use crate::error::Result;
 use crate::id::ResourceId;
 use crate::resource::Resource;
 
+pub(crate) use canonical::canonical_glob;
+pub use canonical::canonical_uri;
 use compile::{build, dedup, policy_error};
 use glob::Pattern;
 pub(crate) use matching::DecisionKey;
@@ -137,6 +143,7 @@ pub struct UserPolicy {
 /// The outcome of [`UserPolicy::decide`] for one resource, with the rule that
 /// settled it so reports can say *why*.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Decision {
     /// Whether the user may see the resource.
     pub allowed: bool,
@@ -148,6 +155,7 @@ pub struct Decision {
 /// Whether a rule grants or withholds access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Effect {
     /// An `allow` rule.
     Allow,
@@ -157,6 +165,7 @@ pub enum Effect {
 
 /// Where a rule came from, for explanations: `file:line: role staff deny[0] {…}`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct RuleRef {
     /// The policy file holding the rule.
     pub file: PathBuf,
@@ -174,6 +183,7 @@ pub struct RuleRef {
 
 /// An overview of a policy, for `mcp-context policy check`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct PolicySummary {
     /// The files loaded, in merge order.
     pub files: Vec<PathBuf>,
@@ -187,6 +197,7 @@ pub struct PolicySummary {
 
 /// One role in a [`PolicySummary`].
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct RoleSummary {
     /// Role name.
     pub name: String,
@@ -202,6 +213,7 @@ pub struct RoleSummary {
 
 /// One user in a [`PolicySummary`].
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct UserSummary {
     /// User name.
     pub name: String,

@@ -3,8 +3,8 @@
 use super::compile::json_quote;
 use super::glob::{glob_ref, mime_essence, mime_with_params};
 use super::*;
+use super::{canonical_glob, canonical_uri};
 use crate::error::Error;
-use crate::gate::{canonical_glob, canonical_uri};
 use proptest::prelude::*;
 
 /// The demo policy; it moves to `policies/default.yaml` in the real crate.
@@ -938,7 +938,7 @@ fn user_names_that_could_forge_logs_are_located_load_errors() {
     let (line, _, _, msg) = load_err("users:\n  ok: {}\n  \"x\\nFAKE\": {}\n");
     assert_eq!(line, Some(3), "{msg}");
     assert!(msg.contains("control characters"), "{msg}");
-    let long = "u".repeat(crate::MAX_USER_NAME_BYTES + 1);
+    let long = "u".repeat(crate::id::MAX_USER_NAME_BYTES + 1);
     let (_, _, _, msg) = load_err(&format!("users:\n  {long}: {{}}\n"));
     assert!(msg.contains("at most 256 bytes"), "{msg}");
 }

@@ -26,25 +26,25 @@ use super::error::ApiError;
 /// that would pass it is answered 503 at once rather than queued (a queue
 /// would let slow senders hold everyone else's turn).
 #[derive(Clone)]
-pub struct Budget {
+pub(super) struct Budget {
     bytes: Arc<Semaphore>,
     total: usize,
 }
 
 impl Budget {
-    pub fn new(total: usize) -> Self {
+    pub(super) fn new(total: usize) -> Self {
         Self { bytes: Arc::new(Semaphore::new(total)), total }
     }
 
     /// Bytes currently free.
     #[cfg(test)]
-    pub fn available(&self) -> usize {
+    pub(super) fn available(&self) -> usize {
         self.bytes.available_permits()
     }
 }
 
 /// A body read whole, with the share of the budget it holds (released when dropped).
-pub struct Read {
+pub(super) struct Read {
     pub bytes: Bytes,
     _held: Vec<OwnedSemaphorePermit>,
 }
@@ -53,7 +53,7 @@ pub struct Read {
 /// first byte to the last (408), holding budget for every byte as it arrives
 /// (503 when the budget is spent). A declared `Content-Length` over the limit
 /// is refused before anything is read.
-pub async fn read(
+pub(super) async fn read(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -112,13 +112,13 @@ fn busy(total: usize) -> ApiError {
 
 /// A JSON object's fields in the order sent, each value exactly as sent.
 #[derive(Debug)]
-pub struct JsonObject {
+pub(super) struct JsonObject {
     fields: Vec<(String, Box<RawValue>)>,
 }
 
 impl JsonObject {
     /// Parses a body that must be one JSON object with no key twice.
-    pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+    pub(super) fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let fields = de.deserialize_map(FieldsVisitor).map_err(|e| {
             let text = e.to_string();
@@ -134,12 +134,12 @@ impl JsonObject {
     }
 
     /// The raw value of a field.
-    pub fn get(&self, key: &str) -> Option<&RawValue> {
+    pub(super) fn get(&self, key: &str) -> Option<&RawValue> {
         self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| &**v)
     }
 
     /// A field parsed as `T`; `None` when absent, an error naming the field when malformed.
-    pub fn parse_field<'a, T: serde::Deserialize<'a>>(&'a self, key: &str) -> Result<Option<T>, ApiError> {
+    pub(super) fn parse_field<'a, T: serde::Deserialize<'a>>(&'a self, key: &str) -> Result<Option<T>, ApiError> {
         self.get(key)
             .map(|v| {
                 serde_json::from_str(v.get()).map_err(|e| {
@@ -150,24 +150,24 @@ impl JsonObject {
     }
 
     /// A string field, if the field is a JSON string.
-    pub fn str_field(&self, key: &str) -> Option<String> {
+    pub(super) fn str_field(&self, key: &str) -> Option<String> {
         self.get(key).and_then(|v| serde_json::from_str::<String>(v.get()).ok())
     }
 
     /// Replaces a field's value where it stands, or appends it.
-    pub fn set(&mut self, key: &str, value: Box<RawValue>) {
+    pub(super) fn set(&mut self, key: &str, value: Box<RawValue>) {
         match self.fields.iter_mut().find(|(k, _)| k == key) {
             Some((_, v)) => *v = value,
             None => self.fields.push((key.to_owned(), value)),
         }
     }
 
-    pub fn remove(&mut self, key: &str) {
+    pub(super) fn remove(&mut self, key: &str) {
         self.fields.retain(|(k, _)| k != key);
     }
 
     /// The body to send: every field in its place, the untouched ones byte for byte.
-    pub fn to_vec(&self) -> Vec<u8> {
+    pub(super) fn to_vec(&self) -> Vec<u8> {
         let len: usize = self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum();
         let mut out = Vec::with_capacity(len + 2);
         out.push(b'{');
@@ -186,7 +186,7 @@ impl JsonObject {
 }
 
 /// A value serialised to raw JSON.
-pub fn raw<T: serde::Serialize + ?Sized>(value: &T) -> Box<RawValue> {
+pub(super) fn raw<T: serde::Serialize + ?Sized>(value: &T) -> Box<RawValue> {
     serde_json::value::to_raw_value(value).expect("a serialisable value")
 }
 

@@ -20,7 +20,7 @@ const MAX_RECORDED_BODY: usize = 32 << 20;
 const MAX_SCANNED_STREAM: usize = 256 << 10;
 
 /// `response`, its created object recorded as `user`'s.
-pub async fn record(response: Response, kind: Stored, user: String, owners: Arc<Owners>) -> Response {
+pub(super) async fn record(response: Response, kind: Stored, user: String, owners: Arc<Owners>) -> Response {
     if !response.status().is_success() {
         return response;
     }

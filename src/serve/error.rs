@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 
 /// An error the proxy itself answers with.
 #[derive(Debug)]
-pub struct ApiError {
+pub(super) struct ApiError {
     /// HTTP status.
     pub status: StatusCode,
     /// OpenAI's `type`.
@@ -19,19 +19,19 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
         Self { status, kind, code, message: message.into() }
     }
 
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
     }
 
-    pub fn unauthorized(code: &'static str, message: &str) -> Self {
+    pub(super) fn unauthorized(code: &'static str, message: &str) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", code, message)
     }
 
-    pub fn too_large(limit: usize) -> Self {
+    pub(super) fn too_large(limit: usize) -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",

@@ -11,8 +11,8 @@
 //! 3. The body's `user` / `safety_identifier`, when `user_from_body` is on.
 //! 4. `anonymous_user`, when set; else the request is refused (401).
 
+use crate::settings::ServeSettings;
 use axum::http::HeaderMap;
-use mcp_context::ServeSettings;
 use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -26,7 +26,7 @@ pub fn hash_key(key: &str) -> String {
 
 /// How the caller was identified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(super) enum Source {
     Key,
     Header,
     Body,
@@ -35,7 +35,7 @@ pub enum Source {
 
 /// Who is calling, as far as the headers tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FromHeaders {
+pub(super) enum FromHeaders {
     /// Decided: the user and how.
     User(String, Source),
     /// Only the body can tell (`user_from_body`); `anonymous_user` if it does not.
@@ -46,7 +46,7 @@ pub enum FromHeaders {
 /// before any body is read. A malformed `Authorization` (not `Bearer TOKEN`)
 /// is refused whatever else the request carries, and so is a user header
 /// sent twice or naming an invalid user.
-pub fn from_headers(s: &ServeSettings, headers: &HeaderMap) -> Result<FromHeaders, ApiError> {
+pub(super) fn from_headers(s: &ServeSettings, headers: &HeaderMap) -> Result<FromHeaders, ApiError> {
     let auth: Vec<_> = headers.get_all(axum::http::header::AUTHORIZATION).iter().collect();
     if auth.len() > 1 {
         return Err(ApiError::unauthorized("invalid_authorization", "Send one `Authorization` header, not several"));
@@ -102,7 +102,10 @@ pub fn from_headers(s: &ServeSettings, headers: &HeaderMap) -> Result<FromHeader
 }
 
 /// Step 3 then 4: the body's `user` / `safety_identifier` (validated), else `anonymous_user`.
-pub fn from_body(s: &ServeSettings, body: Option<&super::body::JsonObject>) -> Result<(String, Source), ApiError> {
+pub(super) fn from_body(
+    s: &ServeSettings,
+    body: Option<&super::body::JsonObject>,
+) -> Result<(String, Source), ApiError> {
     if let Some(body) = body {
         for k in ["user", "safety_identifier"] {
             if let Some(u) = body.str_field(k) {
@@ -128,7 +131,7 @@ fn anonymous_or_refuse(s: &ServeSettings) -> Result<FromHeaders, ApiError> {
 
 /// A user name from outside, refused (400) unless it is one a policy could name.
 fn checked(name: &str, from: &str) -> Result<String, ApiError> {
-    match mcp_context::user_name_problem(name) {
+    match crate::access::user_name_problem(name) {
         None => Ok(name.to_owned()),
         Some(problem) => {
             Err(ApiError::bad_request("invalid_user", format!("The user in {from} is refused: {problem}")))
@@ -157,7 +160,7 @@ fn missing_identity_message(s: &ServeSettings) -> String {
 }
 
 /// The token of `Authorization: Bearer TOKEN`, if any.
-pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = v.trim().split_once(' ')?;
     let token = token.trim();
@@ -167,7 +170,7 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcp_context::KeyDigest;
+    use crate::settings::KeyDigest;
 
     fn settings() -> ServeSettings {
         let digest = |k: &str| -> secrecy::SecretSlice<u8> { Sha256::digest(k.as_bytes()).to_vec().into() };
@@ -234,7 +237,7 @@ mod tests {
         twice.append("x-user", "alice".parse().unwrap());
         assert_eq!(identify(&anon, &twice, None).unwrap_err().status, 400);
         assert_eq!(identify(&anon, &headers(&[("x-user", "a\tb")]), None).unwrap_err().status, 400);
-        let long = "x".repeat(mcp_context::MAX_USER_NAME_BYTES + 1);
+        let long = "x".repeat(crate::access::MAX_USER_NAME_BYTES + 1);
         assert_eq!(identify(&anon, &headers(&[("x-user", &long)]), None).unwrap_err().status, 400);
         let forged = serde_json::json!({"user": "x\nFAKE LOG LINE user=alice"});
         assert_eq!(identify(&anon, &headers(&[]), Some(&forged)).unwrap_err().status, 400);

@@ -22,14 +22,19 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// Limits of the accept loop.
-pub struct Limits {
+pub(super) struct Limits {
     pub max_connections: usize,
     pub header_timeout: Duration,
 }
 
 /// Serves `app` on `listener` until `stop` is cancelled; then waits for the
 /// connections' requests in flight (the caller bounds that wait).
-pub async fn serve(listener: TcpListener, app: Router, limits: Limits, stop: CancellationToken) -> std::io::Result<()> {
+pub(super) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -74,7 +79,7 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits, stop: Can
 /// unacknowledged, which a client that delays its ACKs (Linux: up to 40 ms)
 /// turns into stalls: measured on the MCP side (`bench_shared`, an HTTP
 /// server without it), 200 reads on 2025-11-25 took 595 ms instead of 157 ms.
-pub fn nodelay(tcp: &tokio::net::TcpStream) {
+pub(super) fn nodelay(tcp: &tokio::net::TcpStream) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
     }

@@ -1,7 +1,7 @@
 //! The Anthropic Messages API route (`POST /v1/messages` and
 //! `/v1/messages/count_tokens`): who is calling (`x-api-key` or
 //! `Authorization: Bearer`, the same `serve.keys`), the caller's context as
-//! the last `system` block by the library's rules (`mcp_context::
+//! the last `system` block by the library's rules (`crate::
 //! context_block_json`), the request relayed to `serve.anthropic.upstream`
 //! with the operator's key as `x-api-key`, and our errors in Anthropic's
 //! shape. Owns [`Anthropic`] (that upstream) and the error shape; imports
@@ -14,12 +14,12 @@
 
 use std::time::Instant;
 
+use crate::messages::{CacheBreakpoints, context_block_json, is_context_block_json};
+use crate::settings::ServeSettings;
+use crate::{ContextRequest, SelectMode};
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
-use mcp_context::{
-    CacheBreakpoints, ContextRequest, SelectMode, ServeSettings, context_block_json, is_context_block_json,
-};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -33,7 +33,7 @@ const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// Which Messages endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
+pub(super) enum Endpoint {
     Messages,
     CountTokens,
 }
@@ -48,7 +48,7 @@ impl Endpoint {
 }
 
 /// The Messages API upstream: its own connection pool and key.
-pub struct Anthropic {
+pub(super) struct Anthropic {
     upstream: Upstream,
     api_key: Option<HeaderValue>,
     forward: bool,
@@ -57,7 +57,7 @@ pub struct Anthropic {
 
 impl Anthropic {
     /// `None` when `serve.anthropic` is absent (the route then answers 404).
-    pub fn new(s: &ServeSettings) -> anyhow::Result<Option<Self>> {
+    pub(super) fn new(s: &ServeSettings) -> anyhow::Result<Option<Self>> {
         let Some(a) = &s.anthropic else { return Ok(None) };
         // The shared relay sends no credentials of its own here: ours go in
         // `x-api-key`, set per request below.
@@ -79,12 +79,12 @@ impl Anthropic {
 
 /// Whether a raw request path is under `/v1/messages` (its refusals then
 /// use Anthropic's error shape).
-pub fn claims(path: &str) -> bool {
+pub(super) fn claims(path: &str) -> bool {
     path == "/v1/messages" || path.starts_with("/v1/messages/") || path.starts_with("/v1/messages%")
 }
 
 /// One Messages request, answered: the upstream's response, or our error in Anthropic's shape.
-pub async fn handle(state: &Shared, req: Request, endpoint: Endpoint) -> Response {
+pub(super) async fn handle(state: &Shared, req: Request, endpoint: Endpoint) -> Response {
     match forward(state, req, endpoint).await {
         Ok(r) => r,
         Err(e) => error_response(e),
@@ -92,7 +92,7 @@ pub async fn handle(state: &Shared, req: Request, endpoint: Endpoint) -> Respons
 }
 
 /// Our error as Anthropic's API writes its own: `{"type": "error", "error": {"type", "message"}}`.
-pub fn error_response(e: ApiError) -> Response {
+pub(super) fn error_response(e: ApiError) -> Response {
     let kind = match e.status.as_u16() {
         400 | 415 => "invalid_request_error",
         401 => "authentication_error",
@@ -214,7 +214,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     // is answered from the warm memo.
     let query = match anthropic.select {
         SelectMode::Priority => None,
-        _ => mcp_context::messages_query_json(&serde_json::json!({ "messages": messages })),
+        _ => crate::messages::messages_query_json(&serde_json::json!({ "messages": messages })),
     };
     let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");

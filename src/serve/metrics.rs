@@ -8,12 +8,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use mcp_context::{ExcludeReason, Hub, Report, SharedCacheStatus};
+use crate::servers::Hub;
+use crate::{ExcludeReason, Report, SharedCacheStatus};
 
 type Labels = Vec<(&'static str, String)>;
 
 /// Every metric the proxy keeps.
-pub struct Metrics {
+pub(super) struct Metrics {
     registry: Registry,
     requests: Family<Labels, Counter>,
     injection_seconds: Histogram,
@@ -42,7 +43,7 @@ fn latency_buckets() -> Histogram {
 
 impl Metrics {
     /// `shared`: the shared (Redis) cache is configured; its series exist only then.
-    pub fn new(shared: bool) -> Self {
+    pub(super) fn new(shared: bool) -> Self {
         let mut registry = Registry::with_prefix("mcp_context");
         let requests = Family::<Labels, Counter>::default();
         registry.register("http_requests", "HTTP requests answered, by route and status", requests.clone());
@@ -126,15 +127,15 @@ impl Metrics {
         }
     }
 
-    pub fn request(&self, route: &str, status: axum::http::StatusCode) {
+    pub(super) fn request(&self, route: &str, status: axum::http::StatusCode) {
         self.requests.get_or_create(&vec![("route", route.to_owned()), ("status", status.as_str().to_owned())]).inc();
     }
 
-    pub fn upstream(&self, route: &str, seconds: f64) {
+    pub(super) fn upstream(&self, route: &str, seconds: f64) {
         self.upstream_seconds.get_or_create(&vec![("route", route.to_owned())]).observe(seconds);
     }
 
-    pub fn injection(&self, report: &Report, seconds: f64) {
+    pub(super) fn injection(&self, report: &Report, seconds: f64) {
         self.injection_seconds.observe(seconds);
         self.injected_tokens.inc_by(report.tokens as u64);
         self.cache_hits.inc_by(report.cache_hits as u64);
@@ -145,13 +146,13 @@ impl Metrics {
         }
     }
 
-    pub fn policy_reload(&self, ok: bool) {
+    pub(super) fn policy_reload(&self, ok: bool) {
         self.policy_reloads.get_or_create(&vec![("result", if ok { "ok" } else { "error" }.to_owned())]).inc();
     }
 
     /// The text exposition, with the per-server gauges read from the hub
     /// and the shared cache's state read now.
-    pub fn render(&self, hub: &Hub, shared: Option<SharedCacheStatus>) -> String {
+    pub(super) fn render(&self, hub: &Hub, shared: Option<SharedCacheStatus>) -> String {
         for s in hub.status() {
             self.restarts.get_or_create(&vec![("server", s.name.clone())]).set(i64::from(s.restarts));
             self.connected.get_or_create(&vec![("server", s.name)]).set(i64::from(s.connected));

@@ -4,16 +4,36 @@
 //! ahead of the caller's `instructions`) and goes on to the upstream; the
 //! answer, streamed or not, comes back unchanged.
 //!
-//! A client of the library's public API like the rest of the CLI, in its own
-//! folder behind the default `serve` feature so that the library stays free
-//! of an HTTP server: `identity` (who is calling), `relay` (the upstream
-//! side), `metrics`, `error` (our errors in OpenAI's shape), and here the
-//! router, the state and the process lifecycle (signals, shutdown, reload).
+//! A library module behind the default `serve` feature, so that the bare
+//! library stays free of an HTTP server: `mcp-context serve` runs it
+//! ([`run`]), and an application mounts it in its own axum app ([`Proxy`]:
+//! its [`Proxy::router`] is an axum `Router`, a `tower::Service`). Here: the
+//! router, the state and the process lifecycle (signals, shutdown, reload);
+//! beside it `identity` (who is calling), `relay` (the upstream side),
+//! `metrics`, `error` (our errors in OpenAI's shape).
+//!
+//! Layer: the proxy, above everything else of the crate; it may import
+//! any module below it, and only the CLI imports it.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use std::sync::Arc;
+//! use mcp_context::{Config, McpContext};
+//! let config = Config::load(std::path::Path::new("mcp-context.yaml"))?;
+//! let ctx = Arc::new(McpContext::from_config(&config).await?);
+//! let proxy = mcp_context::serve::Proxy::new(ctx, &config, "https://api.openai.com")?;
+//! let app = axum::Router::new()
+//!     .route("/health", axum::routing::get(|| async { "ok" }))
+//!     .merge(proxy.router());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8787").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
+//! ```
 
 mod body;
 mod created;
 mod error;
-pub mod identity;
+mod identity;
 mod listen;
 mod messages;
 mod metrics;
@@ -28,13 +48,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use crate::settings::{ServeSettings, UpstreamUser};
+use crate::{Config, ContextRequest, ExcludeReason, McpContext, Policy, Report};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use mcp_context::{Config, ContextRequest, ExcludeReason, McpContext, Policy, Report, ServeSettings, UpstreamUser};
-use secrecy::ExposeSecret;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
@@ -50,11 +70,10 @@ use self::routes::{NoRoute, Route, Stored};
 /// The response header carrying the compact report.
 pub const REPORT_HEADER: &str = "x-mcp-context";
 
-/// Command-line overrides of the `serve:` section.
-pub struct Options {
-    pub listen: Option<String>,
-    pub upstream: Option<String>,
-}
+pub use self::identity::hash_key;
+
+mod app;
+pub use app::{Options, Proxy, run};
 
 struct AppState {
     ctx: Arc<McpContext>,
@@ -83,107 +102,6 @@ enum Kind {
     Responses,
 }
 
-/// Runs the proxy until SIGTERM or Ctrl-C, then drains and closes every MCP server.
-pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
-    let mut settings = config.serve.clone();
-    if let Some(l) = opts.listen {
-        settings.listen = l;
-    }
-    let base = opts
-        .upstream
-        .or_else(|| settings.upstream.as_ref().map(|u| u.expose_secret().to_owned()))
-        .or_else(|| std::env::var("OPENAI_BASE_URL").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| mcp_context::DEFAULT_UPSTREAM.to_owned());
-    if !(base.starts_with("http://") || base.starts_with("https://")) {
-        anyhow::bail!("the upstream `{}` must start with http:// or https://", relay::redact(&base));
-    }
-    let addr: SocketAddr = settings
-        .listen
-        .parse()
-        .map_err(|_| anyhow::anyhow!("listen address `{}` is not IP:PORT (e.g. 127.0.0.1:8787)", settings.listen))?;
-    let upstream = Upstream::new(&settings, base)?;
-    let anthropic = messages::Anthropic::new(&settings)?;
-    let owners = Arc::new(Owners::new(&settings, &config.cache)?);
-    // Signal handlers first: a SIGTERM that arrives while the servers start
-    // must still drain and close them, not kill the process and orphan them.
-    let signals = Signals::install()?;
-    // Bind before connecting to the servers: a port in use fails fast, with no child started.
-    let listener =
-        tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    let local = listener.local_addr()?;
-    let ctx = Arc::new(McpContext::from_config(&config).await?);
-    for f in ctx.hub().failures() {
-        tracing::warn!(server = %f.server, error = %f.error, "MCP server unavailable; serving without it");
-    }
-    let state = Arc::new(AppState {
-        ctx: ctx.clone(),
-        bodies: Budget::new(settings.max_inflight_body_bytes),
-        unidentified: Budget::new(settings.max_unidentified_body_bytes),
-        owners,
-        hosts: allowed_hosts(&settings, local),
-        anthropic,
-        settings: settings.clone(),
-        upstream,
-        metrics: Metrics::new(config.cache.backend == mcp_context::CacheBackend::Redis),
-        policy_path: config.policy.clone(),
-        draining: AtomicBool::new(false),
-    });
-    let app = router(state.clone());
-    let stop = CancellationToken::new();
-    let limits = listen::Limits { max_connections: settings.max_connections, header_timeout: settings.header_timeout };
-    let server = listen::serve(listener, app, limits, stop.clone());
-    let mut server = tokio::spawn(server);
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "mcp-context serve: listening on http://{local}, upstream {}", state.upstream.redacted())?;
-        out.flush()?;
-    }
-    tracing::info!(%local, upstream = %state.upstream.redacted(), "serving");
-
-    let result = lifecycle(&state, signals, &mut server).await;
-    state.draining.store(true, Ordering::SeqCst);
-    stop.cancel();
-    if result.is_ok() {
-        // In-flight requests and streams may finish within the grace period.
-        match tokio::time::timeout(settings.shutdown_grace, &mut server).await {
-            Ok(_) => tracing::info!("all requests finished"),
-            Err(_) => {
-                tracing::warn!(
-                    grace_ms = settings.shutdown_grace.as_millis() as u64,
-                    "requests still running after serve.shutdown_grace_ms; closing them"
-                );
-                server.abort();
-            }
-        }
-    }
-    ctx.close().await;
-    result
-}
-
-/// The `Host` values `/v1/` accepts: `serve.allowed_hosts`, else the listen
-/// address (and `localhost` when it is a loopback one) at the port listened
-/// on; `None` (any) when listening on all interfaces without a list.
-fn allowed_hosts(s: &ServeSettings, local: SocketAddr) -> Option<Vec<String>> {
-    if let Some(list) = &s.allowed_hosts {
-        return Some(list.iter().map(|h| h.to_ascii_lowercase()).collect());
-    }
-    let ip = local.ip();
-    if ip.is_unspecified() {
-        return None;
-    }
-    let port = local.port();
-    let mut hosts = vec![match ip {
-        std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
-        std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
-    }];
-    if ip.is_loopback() {
-        hosts.extend([format!("localhost:{port}"), format!("127.0.0.1:{port}"), format!("[::1]:{port}")]);
-    }
-    hosts.dedup();
-    Some(hosts)
-}
-
 /// Whether the request's `Host` (HTTP/1) or authority (HTTP/2) is one the
 /// proxy answers to: a web page that rebinds its own name to 127.0.0.1
 /// sends its own name, and is refused. An allowed entry without a port
@@ -202,67 +120,6 @@ fn host_allowed(hosts: &Option<Vec<String>>, req: &Request) -> bool {
         _ => given.as_str(),
     };
     hosts.iter().any(|a| *a == given || (!a.contains(':') || a.ends_with(']')) && *a == host_only)
-}
-
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    fn install() -> anyhow::Result<Self> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(Self {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            hup: signal(SignalKind::hangup())?,
-        })
-    }
-}
-
-/// Waits for SIGTERM / Ctrl-C (Ok) or the server failing (Err); reloads the
-/// policy on SIGHUP meanwhile.
-async fn lifecycle(
-    state: &Shared,
-    signals: Signals,
-    server: &mut tokio::task::JoinHandle<std::io::Result<()>>,
-) -> anyhow::Result<()> {
-    let Signals { mut term, mut int, mut hup } = signals;
-    loop {
-        tokio::select! {
-            _ = term.recv() => { tracing::info!("SIGTERM: draining"); return Ok(()); }
-            _ = int.recv() => { tracing::info!("Ctrl-C: draining"); return Ok(()); }
-            _ = hup.recv() => reload_policy(state),
-            r = &mut *server => {
-                return match r {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(anyhow::anyhow!("the HTTP server failed: {e}")),
-                    Err(e) => Err(anyhow::anyhow!("the HTTP server stopped: {e}")),
-                };
-            }
-        }
-    }
-}
-
-/// SIGHUP: load the policy again; a valid one applies from the next
-/// request, an invalid one is logged (file:line:col) and the old one stays.
-fn reload_policy(state: &Shared) {
-    let Some(path) = &state.policy_path else {
-        tracing::info!("SIGHUP: the config names no policy; nothing to reload");
-        return;
-    };
-    match Policy::load(path) {
-        Ok(p) => {
-            state.ctx.set_policy(p);
-            state.metrics.policy_reload(true);
-            tracing::info!(path = %path.display(), "SIGHUP: policy reloaded");
-        }
-        Err(e) => {
-            state.metrics.policy_reload(false);
-            tracing::error!("SIGHUP: policy reload rejected, the previous policy stays in force: {e}");
-        }
-    }
 }
 
 fn router(state: Shared) -> Router {
@@ -293,7 +150,7 @@ async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
                 Route::Ready => Ok(readyz(&state)),
                 Route::Metrics => Ok(metrics(&state)),
             };
-            (label, r.into_response())
+            (label, r.unwrap_or_else(IntoResponse::into_response))
         }
     };
     state.metrics.request(label, response.status());
@@ -412,7 +269,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     request.model = obj.str_field("model").filter(|m| !m.is_empty());
     // Relevance mode ranks by the conversation: the latest user turn, earlier
     // ones with less weight, exactly as the library's typed `inject`.
-    let query = mcp_context::Query::from_chat_json(&query_body);
+    let query = crate::compose::Query::from_chat_json(&query_body);
     let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(
@@ -435,7 +292,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
                     name: &'a str,
                 }
                 let role = state.ctx.settings().role.to_string();
-                messages.insert(0, raw(&Ours { role, content, name: mcp_context::MESSAGE_NAME }));
+                messages.insert(0, raw(&Ours { role, content, name: crate::inject::MESSAGE_NAME }));
             }
             obj.set("messages", raw(&messages));
         }
@@ -491,7 +348,7 @@ fn is_ours(m: &RawValue) -> bool {
     }
     serde_json::from_str::<Peek>(m.get()).is_ok_and(|p| {
         matches!(p.role.as_deref(), Some("system" | "developer"))
-            && p.name.as_ref().and_then(|n| n.as_str()) == Some(mcp_context::MESSAGE_NAME)
+            && p.name.as_ref().and_then(|n| n.as_str()) == Some(crate::inject::MESSAGE_NAME)
     })
 }
 
@@ -510,10 +367,10 @@ fn set_instructions(obj: &mut JsonObject, content: Option<&str>) -> Result<(), A
         })?),
     };
     let had_field = obj.get("instructions").is_some();
-    match mcp_context::compose_instructions(existing.as_deref(), content) {
+    match crate::inject::compose_instructions(existing.as_deref(), content) {
         Some(text) => obj.set("instructions", raw(&text)),
         // Nothing to say, and the caller's own part was empty or only ours: as it was, or removed.
-        None if had_field && existing.as_deref().is_some_and(|e| e.starts_with(mcp_context::INSTRUCTIONS_OPEN)) => {
+        None if had_field && existing.as_deref().is_some_and(|e| e.starts_with(crate::inject::INSTRUCTIONS_OPEN)) => {
             obj.remove("instructions")
         }
         None => {}
@@ -569,7 +426,8 @@ fn name_upstream_user(s: &ServeSettings, obj: &mut JsonObject, user: &str) {
         match s.upstream_user {
             UpstreamUser::Identified => obj.set(k, raw(user)),
             UpstreamUser::Pseudonym => {
-                obj.set(k, raw(&pseudonym(s.pseudonym_key.as_ref().map_or("", |k| k.expose_secret()), user)))
+                let key = s.pseudonym_key.as_ref().map_or("", |k| secrecy::ExposeSecret::expose_secret(k));
+                obj.set(k, raw(&pseudonym(key, user)))
             }
             UpstreamUser::Drop => obj.remove(k),
         }
@@ -676,78 +534,44 @@ async fn relay_other(state: &Shared, req: Request, created: Option<Stored>) -> R
 /// is shown (anyone may ask); `serve.readyz_details: true` adds the policy
 /// path, each server's state and the shared cache's.
 fn readyz(state: &AppState) -> Response {
-    let servers = state.ctx.hub().status();
+    let status = state.ctx.hub().status();
     // A shared cache that is down degrades, never blocks: requests go on
     // with the local cache and MCP reads.
-    let shared_cache = state.ctx.shared_cache_status();
-    let status = if state.draining.load(Ordering::SeqCst) {
-        ReadyState::Draining
-    } else if servers.iter().any(|s| !s.connected) || shared_cache.as_ref().is_some_and(|s| !s.up) {
-        ReadyState::Degraded
+    let shared = state.ctx.shared_cache_status();
+    let degraded = status.iter().any(|s| !s.connected) || shared.as_ref().is_some_and(|s| !s.up);
+    let draining = state.draining.load(Ordering::SeqCst);
+    let word = if draining {
+        "draining"
+    } else if degraded {
+        "degraded"
     } else {
-        ReadyState::Ready
+        "ready"
     };
-    let details = state.settings.readyz_details.then(|| ReadyDetails {
-        policy: state
+    let mut body = serde_json::json!({ "status": word });
+    if state.settings.readyz_details {
+        let servers: Vec<_> = status
+            .into_iter()
+            .map(|s| {
+                serde_json::json!({
+                    "name": s.name,
+                    "state": if s.connected { "connected" } else { "down" },
+                    "protocol": s.protocol,
+                    "resources": s.resources,
+                    "restarts": s.restarts,
+                    "problem": s.problem,
+                })
+            })
+            .collect();
+        body["policy"] = state
             .policy_path
             .as_ref()
-            .map_or("allow-all (no policy configured)".into(), |p| p.display().to_string()),
-        servers: servers
-            .into_iter()
-            .map(|s| ServerReadiness {
-                state: if s.connected { ServerState::Connected } else { ServerState::Down },
-                name: s.name,
-                protocol: s.protocol,
-                resources: s.resources,
-                restarts: s.restarts,
-                problem: s.problem,
-            })
-            .collect(),
-        shared_cache,
-    });
-    let code = if status == ReadyState::Draining { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
-    (code, axum::Json(Readiness { status, details })).into_response()
-}
-
-/// The body of `/readyz`.
-#[derive(serde::Serialize)]
-struct Readiness {
-    status: ReadyState,
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    details: Option<ReadyDetails>,
-}
-
-#[derive(serde::Serialize, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-enum ReadyState {
-    Ready,
-    Degraded,
-    Draining,
-}
-
-/// What `serve.readyz_details: true` adds.
-#[derive(serde::Serialize)]
-struct ReadyDetails {
-    policy: String,
-    servers: Vec<ServerReadiness>,
-    shared_cache: Option<mcp_context::SharedCacheStatus>,
-}
-
-#[derive(serde::Serialize)]
-struct ServerReadiness {
-    name: String,
-    state: ServerState,
-    protocol: Option<String>,
-    resources: usize,
-    restarts: u32,
-    problem: Option<String>,
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-enum ServerState {
-    Connected,
-    Down,
+            .map_or("allow-all (no policy configured)".into(), |p| p.display().to_string())
+            .into();
+        body["servers"] = servers.into();
+        body["shared_cache"] = serde_json::to_value(shared).unwrap_or_default();
+    }
+    let code = if draining { axum::http::StatusCode::SERVICE_UNAVAILABLE } else { axum::http::StatusCode::OK };
+    (code, axum::Json(body)).into_response()
 }
 
 fn metrics(state: &AppState) -> Response {

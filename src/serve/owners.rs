@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use super::routes::Stored;
 
 /// The owners' store.
-pub struct Owners {
+pub(super) struct Owners {
     local: Mutex<Local>,
     max: usize,
     retention: Duration,
@@ -40,7 +40,7 @@ struct Local {
 
 /// Whether a caller may use an object.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(super) enum Verdict {
     Owner,
     NotOwner,
     /// The shared record could not be read (Redis down).
@@ -56,7 +56,10 @@ fn digest(user: &str) -> [u8; 32] {
 }
 
 impl Owners {
-    pub fn new(settings: &mcp_context::ServeSettings, cache: &mcp_context::CacheSettings) -> anyhow::Result<Self> {
+    pub(super) fn new(
+        settings: &crate::settings::ServeSettings,
+        cache: &crate::settings::CacheSettings,
+    ) -> anyhow::Result<Self> {
         #[cfg(not(feature = "redis"))]
         let _ = cache;
         Ok(Self {
@@ -64,13 +67,15 @@ impl Owners {
             max: settings.max_stored_records,
             retention: settings.stored_retention,
             #[cfg(feature = "redis")]
-            redis: (cache.backend == mcp_context::CacheBackend::Redis).then(|| RedisOwners::new(cache)).transpose()?,
+            redis: (cache.backend == crate::settings::CacheBackend::Redis)
+                .then(|| RedisOwners::new(cache))
+                .transpose()?,
         })
     }
 
     /// Records `user` as the owner of `id`. Waits for Redis (bounded by its
     /// timeout) so that another replica asked right after knows it too.
-    pub async fn record(&self, kind: Stored, id: &str, user: &str) {
+    pub(super) async fn record(&self, kind: Stored, id: &str, user: &str) {
         let k = key(kind, id);
         let d = digest(user);
         {
@@ -95,7 +100,7 @@ impl Owners {
     }
 
     /// Whether `user` owns `id`.
-    pub async fn check(&self, kind: Stored, id: &str, user: &str) -> Verdict {
+    pub(super) async fn check(&self, kind: Stored, id: &str, user: &str) -> Verdict {
         let k = key(kind, id);
         let d = digest(user);
         {
@@ -138,7 +143,7 @@ struct RedisOwners {
 
 #[cfg(feature = "redis")]
 impl RedisOwners {
-    fn new(cache: &mcp_context::CacheSettings) -> anyhow::Result<Self> {
+    fn new(cache: &crate::settings::CacheSettings) -> anyhow::Result<Self> {
         let client = match &cache.ca_file {
             None => redis::Client::open(cache.url.expose_secret()),
             Some(f) => {
@@ -201,8 +206,8 @@ mod tests {
     use super::*;
 
     fn owners(max: usize) -> Owners {
-        let s = mcp_context::ServeSettings { max_stored_records: max, ..Default::default() };
-        Owners::new(&s, &mcp_context::CacheSettings::default()).unwrap()
+        let s = crate::settings::ServeSettings { max_stored_records: max, ..Default::default() };
+        Owners::new(&s, &crate::settings::CacheSettings::default()).unwrap()
     }
 
     #[tokio::test]

@@ -19,13 +19,13 @@ use super::error::ApiError;
 /// A checked request path: its segments, decoded, each non-empty and made of
 /// [`is_safe`] characters only, none `.` or `..`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Canonical {
+pub(super) struct Canonical {
     segments: Vec<String>,
 }
 
 impl Canonical {
     /// Checks a raw request path (without its query).
-    pub fn parse(raw: &str) -> Result<Canonical, ApiError> {
+    pub(super) fn parse(raw: &str) -> Result<Canonical, ApiError> {
         let refuse = |why: &str| {
             ApiError::bad_request("invalid_path", format!("The request path is refused: {why}; send the plain path"))
         };
@@ -74,13 +74,13 @@ impl Canonical {
     }
 
     /// The decoded segments.
-    pub fn segments(&self) -> Vec<&str> {
+    pub(super) fn segments(&self) -> Vec<&str> {
         self.segments.iter().map(String::as_str).collect()
     }
 
     /// The decoded path, `/a/b`.
     #[cfg(test)]
-    pub fn as_path(&self) -> String {
+    pub(super) fn as_path(&self) -> String {
         let mut s = String::new();
         for seg in &self.segments {
             s.push('/');
@@ -102,14 +102,14 @@ fn is_safe(c: u8) -> bool {
 
 /// The upstream base, parsed once: scheme, host, base path and its query.
 #[derive(Debug, Clone)]
-pub struct Base {
+pub(super) struct Base {
     url: Url,
 }
 
 impl Base {
     /// `http(s)://host[:port]/base/path[?query]`; a fragment or credentials
     /// in the URL are refused (they would not be sent as written).
-    pub fn parse(text: &str) -> anyhow::Result<Base> {
+    pub(super) fn parse(text: &str) -> anyhow::Result<Base> {
         let url = Url::parse(text).map_err(|e| anyhow::anyhow!("the upstream URL cannot be parsed: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
             anyhow::bail!("the upstream URL must be http:// or https:// with a host");
@@ -124,7 +124,7 @@ impl Base {
     /// and the caller's query, if any: the base path, then each segment
     /// (already checked, so percent-encoding changes none), then the base's
     /// query followed by the caller's. No segment can climb out of the base.
-    pub fn join(&self, path: &[&str], query: Option<&str>) -> Url {
+    pub(super) fn join(&self, path: &[&str], query: Option<&str>) -> Url {
         let mut url = self.url.clone();
         {
             // A URL with a host always has path segments.

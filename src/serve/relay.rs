@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::settings::ServeSettings;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use futures::StreamExt;
-use mcp_context::ServeSettings;
 use secrecy::ExposeSecret;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -46,7 +46,7 @@ const NOT_FORWARDED: &[&str] = &[
 const OPERATOR_SCOPE: &[&str] = &["openai-organization", "openai-project"];
 
 /// The upstream: where to send, with which credentials, how many at once.
-pub struct Upstream {
+pub(super) struct Upstream {
     base: Base,
     /// The base URL for messages, without credentials or query.
     redacted: String,
@@ -59,7 +59,7 @@ pub struct Upstream {
 }
 
 /// A request to send upstream.
-pub struct Outgoing<'a> {
+pub(super) struct Outgoing<'a> {
     pub method: Method,
     /// Checked path segments below the base (e.g. `["chat", "completions"]`).
     pub path: &'a [&'a str],
@@ -70,13 +70,13 @@ pub struct Outgoing<'a> {
 }
 
 /// What came back: the response to give the caller, and the time its headers took.
-pub struct Relayed {
+pub(super) struct Relayed {
     pub response: Response,
     pub waited: Duration,
 }
 
 impl Upstream {
-    pub fn new(s: &ServeSettings, base: String) -> anyhow::Result<Self> {
+    pub(super) fn new(s: &ServeSettings, base: String) -> anyhow::Result<Self> {
         let client = reqwest::Client::builder()
             // Between two chunks of a body: a stalled upstream ends the relay.
             .read_timeout(s.upstream_timeout)
@@ -108,7 +108,7 @@ impl Upstream {
     }
 
     /// The base URL for messages and logs (no credentials, no query).
-    pub fn redacted(&self) -> &str {
+    pub(super) fn redacted(&self) -> &str {
         &self.redacted
     }
 
@@ -116,7 +116,7 @@ impl Upstream {
     /// its `Authorization`; then the upstream credentials: the configured
     /// key, or the caller's own `Authorization` (never both: the config
     /// refuses that).
-    pub fn headers_for_upstream(&self, incoming: &HeaderMap) -> HeaderMap {
+    pub(super) fn headers_for_upstream(&self, incoming: &HeaderMap) -> HeaderMap {
         let mut out = HeaderMap::with_capacity(incoming.len());
         for (k, v) in incoming {
             if NOT_FORWARDED.contains(&k.as_str())
@@ -140,7 +140,7 @@ impl Upstream {
     /// Sends the request and relays the response (status, headers that
     /// matter, body as a stream). Waits for a slot when `max_concurrent_upstream`
     /// requests are in flight; the slot is held until the body is relayed.
-    pub async fn send(&self, out: Outgoing<'_>) -> Result<Relayed, ApiError> {
+    pub(super) async fn send(&self, out: Outgoing<'_>) -> Result<Relayed, ApiError> {
         let permit = self.permits.clone().acquire_owned().await.map_err(|_| unavailable())?;
         let url = self.base.join(out.path, out.query);
         let started = Instant::now();
@@ -217,6 +217,6 @@ fn describe(e: &reqwest::Error) -> String {
 }
 
 /// The base URL without userinfo or query, for messages.
-pub fn redact(url: &str) -> String {
-    mcp_context::redact_url(url)
+pub(super) fn redact(url: &str) -> String {
+    crate::cause::redact_url(url)
 }

@@ -5,14 +5,14 @@
 //! are checked against their owner) and the passthrough allowlist's matching.
 //! Imports the path type and the config's rule type only.
 
+use crate::settings::PassthroughRule;
 use axum::http::Method;
-use mcp_context::PassthroughRule;
 
 use super::path::Canonical;
 
 /// The kinds of objects the upstream stores for a caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stored {
+pub(super) enum Stored {
     /// A chat completion created with `store: true` (`chatcmpl-…`).
     ChatCompletion,
     /// A Response (`resp_…`), stored unless `store: false`.
@@ -22,7 +22,7 @@ pub enum Stored {
 }
 
 impl Stored {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Stored::ChatCompletion => "chat",
             Stored::Response => "response",
@@ -33,7 +33,7 @@ impl Stored {
 
 /// What a request is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Route {
+pub(super) enum Route {
     /// `POST /v1/chat/completions`: injected.
     Chat,
     /// `POST /v1/responses`: injected.
@@ -61,7 +61,7 @@ pub enum Route {
 
 impl Route {
     /// The label in metrics (one per route, never the caller's path).
-    pub fn label(&self) -> &'static str {
+    pub(super) fn label(&self) -> &'static str {
         match self {
             Route::Chat => "/v1/chat/completions",
             Route::Responses => "/v1/responses",
@@ -83,7 +83,7 @@ impl Route {
 
 /// Why a request has no route: answered 404, nothing relayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoRoute {
+pub(super) enum NoRoute {
     /// A listing of stored objects: it would show other callers' objects.
     Listing,
     /// Anything else.
@@ -98,7 +98,7 @@ fn is_id(s: &str) -> bool {
 
 /// The route for `method` on `path`, stored-object endpoints first (an
 /// allowlist entry cannot open them), then the passthrough allowlist.
-pub fn route(method: &Method, path: &Canonical, allow: &[PassthroughRule]) -> Result<Route, NoRoute> {
+pub(super) fn route(method: &Method, path: &Canonical, allow: &[PassthroughRule]) -> Result<Route, NoRoute> {
     let segs = path.segments();
     let m = method.as_str();
     let stored = |kind, id: &str| {

@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use mcp_context::{ContentPart, Hub};
+use mcp_context::ContentPart;
+use mcp_context::servers::Hub;
 
 use crate::common::*;
 

@@ -186,21 +186,24 @@ async fn the_model_tool_answers_every_spelling_as_not_found() {
     for user in ["alice", "dora"] {
         for id in HOSTILE {
             let args = serde_json::json!({ "uri": id }).to_string();
-            let r = ctx.tools().run("call", mcp_context::READ_TOOL, &args, user).await;
+            let r = ctx.tools().run("call", mcp_context::tools::READ_TOOL, &args, user).await;
             assert_eq!(r.content, format!("Error: Resource not found for URI: {id}"), "{user}: {id}");
             assert!(r.is_error);
         }
         for (id, text) in LEGIT {
             let args = serde_json::json!({ "uri": id }).to_string();
-            let r = ctx.tools().run("call", mcp_context::READ_TOOL, &args, user).await;
+            let r = ctx.tools().run("call", mcp_context::tools::READ_TOOL, &args, user).await;
             assert_eq!(r.content.trim_end(), *text, "{user}: {id}");
         }
         s.assert_no_denied_read(user);
     }
     // A template expansion that is not under /docs: read for alice, refused for dora.
     let args = serde_json::json!({ "uri": "acc:acc://users/alice" }).to_string();
-    assert_eq!(ctx.tools().run("c", mcp_context::READ_TOOL, &args, "alice").await.content.trim_end(), "account alice");
-    assert!(ctx.tools().run("c", mcp_context::READ_TOOL, &args, "dora").await.is_error);
+    assert_eq!(
+        ctx.tools().run("c", mcp_context::tools::READ_TOOL, &args, "alice").await.content.trim_end(),
+        "account alice"
+    );
+    assert!(ctx.tools().run("c", mcp_context::tools::READ_TOOL, &args, "dora").await.is_error);
     ctx.close().await;
 }
 
@@ -352,7 +355,7 @@ async fn no_random_spelling_reaches_a_denied_resource() {
     let mut admitted = 0;
     for (i, uri) in uris.iter().enumerate() {
         let args = serde_json::json!({ "uri": uri }).to_string();
-        let r = ctx.tools().run("call", mcp_context::READ_TOOL, &args, "dora").await;
+        let r = ctx.tools().run("call", mcp_context::tools::READ_TOOL, &args, "dora").await;
         assert_no_canary(uri, &r.content);
         admitted += usize::from(!r.is_error);
         if i % 8 == 0 {
@@ -513,7 +516,7 @@ async fn never_rewrites_what_is_read(s: &SdkSetup, what: &str) {
 
     // The model's tool and the unexpanded template: not found, never read.
     let args = serde_json::json!({ "uri": "s:tickets://{id}" }).to_string();
-    let r = ctx.tools().run("call", mcp_context::READ_TOOL, &args, "staff").await;
+    let r = ctx.tools().run("call", mcp_context::tools::READ_TOOL, &args, "staff").await;
     assert!(r.is_error && r.content.contains("not found"), "{what}: {}", r.content);
     assert!(s.take_reads().is_empty(), "{what}");
     ctx.close().await;
@@ -593,7 +596,7 @@ async fn no_random_host_spelling_reaches_another_resource() {
         let listed = FS_FILES.iter().any(|(f, _)| *f == id.uri);
         for user in ["alice", "erin"] {
             let args = serde_json::json!({ "uri": uri }).to_string();
-            let r = ctx.tools().run("call", mcp_context::READ_TOOL, &args, user).await;
+            let r = ctx.tools().run("call", mcp_context::tools::READ_TOOL, &args, user).await;
             assert_no_canary(uri, &r.content);
             if !r.is_error {
                 read_ok += 1;
@@ -602,7 +605,7 @@ async fn no_random_host_spelling_reaches_another_resource() {
             }
             // The policy alone, on the spelling as it is: allow exactly, deny also folded.
             let d = policy.for_user(user).decide(&mcp_context::Resource::unlisted(id.clone()));
-            let folded = mcp_context::canonical_uri(&id.uri);
+            let folded = mcp_context::access::canonical_uri(&id.uri);
             match user {
                 "erin" => assert_eq!(d.allowed, id.uri.starts_with("acc://users/"), "{user}: {uri}"),
                 _ => {

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use mcp_context::{ContentPart, Error, Hub, ResourceId, render_text};
+use mcp_context::compose::render_text;
+use mcp_context::servers::Hub;
+use mcp_context::{ContentPart, Error, ResourceId};
 
 use crate::common::*;
 

@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use mcp_context::{Config, ContextRequest, Hub, McpContext};
+use mcp_context::servers::Hub;
+use mcp_context::{Config, ContextRequest, McpContext};
 use tokio::io::AsyncBufReadExt;
 
 use crate::common::*;

@@ -50,7 +50,7 @@ async fn a_denied_resource_is_never_read_never_injected_and_reported() {
         assert!(e.detail.as_deref().unwrap().contains("policies/test.yaml"), "{e:?}");
     }
     // The model-facing tool path asks the same policy: no read either.
-    let r = ctx.tools().run("c1", mcp_context::READ_TOOL, r#"{"uri":"fx:fx://doc/0"}"#, "eve").await;
+    let r = ctx.tools().run("c1", mcp_context::tools::READ_TOOL, r#"{"uri":"fx:fx://doc/0"}"#, "eve").await;
     assert_eq!(r.content, "Error: Resource not found for URI: fx:fx://doc/0");
     assert_eq!(read_log(&log).len(), 2, "the tool path read nothing");
     // doc/0 is denied by eve's own rule; for an unknown user (default role

@@ -8,7 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mcp_context::{ContextRequest, Error, Hub, McpContext, ResourceId};
+use mcp_context::servers::Hub;
+use mcp_context::{ContextRequest, Error, McpContext, ResourceId};
 
 use crate::common::*;
 
@@ -74,7 +75,7 @@ pub async fn exercise(sut: &Sut, what: &str) {
     assert!(status.listing_complete, "{what}");
     assert_eq!(hub.resources().len(), sut.resources, "{what}: {:?}", hub.resources());
     let text = hub.read(&id("s:fx://doc/1")).await.unwrap();
-    assert!(mcp_context::render_text(&text, None).contains("Document 1"), "{what}: {text:?}");
+    assert!(mcp_context::compose::render_text(&text, None).contains("Document 1"), "{what}: {text:?}");
     let blob = hub.read(&id("s:fx://blob")).await.unwrap();
     assert!(matches!(blob.parts[0], mcp_context::ContentPart::Blob { .. }), "{what}: {blob:?}");
     let missing = hub.read(&id("s:fx://doc/999")).await.unwrap_err();

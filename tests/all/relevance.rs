@@ -215,7 +215,7 @@ async fn eval_python_faq() {
     let chunk: usize = std::env::var("FAQ_CHUNK_TOKENS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(mcp_context::DEFAULT_CHUNK_TOKENS);
+        .unwrap_or(mcp_context::compose::DEFAULT_CHUNK_TOKENS);
     let yaml = format!(
         "servers:\n{}context:\n  chunk_tokens: {chunk}\n  chunk_overlap: {}\n",
         fixture_server("kb", &t, &["--n", "0", "--dir", data.join("kb").to_str().unwrap()]),
@@ -282,4 +282,36 @@ fn select_mode_and_chunk_settings_are_parsed_strictly() {
     assert!(e.starts_with("c.yaml:3:11: context.select: unknown variant `best`"), "{e}");
     let e = parse("  chunk_tokens: 100\n  chunk_overlap: 60\n").unwrap_err().to_string();
     assert!(e.contains("chunk_overlap must be at most half"), "{e}");
+}
+
+/// The typed Responses path ranks by the user text of `input`, as the
+/// proxy's `/v1/responses` does: the same passages as the same question
+/// asked through `ContextRequest::query`.
+#[tokio::test]
+async fn typed_responses_requests_rank_by_their_input() {
+    use async_openai::types::responses::CreateResponseArgs;
+    let (t, dir) = (tag(), kb());
+    let log = dir.path().join("..").join(format!("reads-{t}.log"));
+    let yaml = format!(
+        "servers:\n{}context:\n  select: auto\n  max_tokens: 1200\n",
+        fixture_server(
+            "kb",
+            &t,
+            &["--n", "0", "--dir", dir.path().to_str().unwrap(), "--record", log.to_str().unwrap()]
+        )
+    );
+    let ctx = McpContext::with_policy(&config(&yaml), Policy::from_yaml(POLICY, Path::new("p.yaml")).unwrap()).await;
+    let q = "when do emperor penguins migrate to the colony";
+    let request = CreateResponseArgs::default().model("gpt-4o").input(q).build().unwrap();
+    let (request, report) = ctx.inject_response(request, "alice").await.unwrap();
+    let instructions = request.instructions.unwrap();
+    assert_eq!(report.mode, Some(SelectMode::Relevance));
+    assert!(report.warnings.is_empty(), "ranked by a query: {:?}", report.warnings);
+    assert!(instructions.contains("SECRET-CANARY"), "the passage that answers `input`: {instructions}");
+    let asked = ContextRequest { query: Some(q.into()), ..ContextRequest::for_user("alice") };
+    let (message, by_query) = ctx.build(&asked).await.unwrap();
+    assert!(instructions.contains(message.unwrap().content.as_str()));
+    assert_eq!((report.tokens, &report.included), (by_query.tokens, &by_query.included));
+    ctx.close().await;
+    let _ = std::fs::remove_file(log);
 }

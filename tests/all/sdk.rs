@@ -159,11 +159,11 @@ async fn python_http_server(py: &Path, dir: &Path, mode: &str, extra: &[&str]) -
 }
 
 /// Every listed resource of `hub`'s one server, read and rendered, by URI.
-async fn everything(hub: &mcp_context::Hub) -> Vec<(String, String)> {
+async fn everything(hub: &mcp_context::servers::Hub) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for r in hub.resources() {
         let c = hub.read(&r.id).await.unwrap_or_else(|e| panic!("{}: {e}", r.id));
-        out.push((r.id.uri.clone(), mcp_context::render_text(&c, r.mime_type.as_deref())));
+        out.push((r.id.uri.clone(), mcp_context::compose::render_text(&c, r.mime_type.as_deref())));
     }
     out
 }
@@ -188,10 +188,14 @@ async fn python_sdk_server_same_over_sse_and_streamable_http() {
             "context:\n  max_resource_bytes: 4000000\nservers:\n  s:\n    {spelling}\n    url: {url}\n    timeout_ms: 20000\n"
         )
     };
-    let sse =
-        mcp_context::Hub::connect(&config(&over("transport: sse", format!("http://127.0.0.1:{sse_port}/sse")))).await;
+    let sse = mcp_context::servers::Hub::connect(&config(&over(
+        "transport: sse",
+        format!("http://127.0.0.1:{sse_port}/sse"),
+    )))
+    .await;
     let http =
-        mcp_context::Hub::connect(&config(&over("type: http", format!("http://127.0.0.1:{http_port}/mcp")))).await;
+        mcp_context::servers::Hub::connect(&config(&over("type: http", format!("http://127.0.0.1:{http_port}/mcp"))))
+            .await;
     assert!(sse.failures().is_empty() && http.failures().is_empty(), "{:?} {:?}", sse.failures(), http.failures());
     let (a, b) = (everything(&sse).await, everything(&http).await);
     assert_eq!(a.len(), 8, "{:?}", a.iter().map(|x| &x.0).collect::<Vec<_>>());
@@ -210,14 +214,14 @@ async fn python_sdk_server_over_legacy_sse() {
     let dir = tempfile::tempdir().unwrap();
     let (_server, port) = python_sse_server(&py, dir.path()).await;
     let yaml = format!("servers:\n  s:\n    type: sse\n    url: http://127.0.0.1:{port}/sse\n    timeout_ms: 20000\n");
-    let hub = mcp_context::Hub::connect(&config(&yaml)).await;
+    let hub = mcp_context::servers::Hub::connect(&config(&yaml)).await;
     assert!(hub.failures().is_empty(), "{:?}", hub.failures());
     assert!(hub.status()[0].listing_complete);
     let mut uris: Vec<String> = hub.resources().iter().map(|r| r.id.uri.clone()).collect();
     uris.sort();
     assert_eq!(uris, ["fx://blob", "fx://doc/0", "fx://doc/1", "fx://doc/2", "fx://doc/3", "fx://doc/4", "fx://live"]);
     let text = hub.read(&mcp_context::ResourceId::parse("s:fx://doc/1").unwrap()).await.unwrap();
-    assert!(mcp_context::render_text(&text, None).contains("Document 1"), "{text:?}");
+    assert!(mcp_context::compose::render_text(&text, None).contains("Document 1"), "{text:?}");
     let blob = hub.read(&mcp_context::ResourceId::parse("s:fx://blob").unwrap()).await.unwrap();
     assert!(matches!(blob.parts[0], mcp_context::ContentPart::Blob { .. }), "{blob:?}");
     let missing = hub.read(&mcp_context::ResourceId::parse("s:fx://doc/999").unwrap()).await.unwrap_err();
@@ -226,7 +230,7 @@ async fn python_sdk_server_over_legacy_sse() {
     hub.close().await;
 
     // The same URL as Streamable HTTP: `POST /sse` is 405, and the error says `type: sse`.
-    let hub = mcp_context::Hub::connect(&config(&yaml.replace("type: sse", "type: http"))).await;
+    let hub = mcp_context::servers::Hub::connect(&config(&yaml.replace("type: sse", "type: http"))).await;
     let failures = format!("{:?}", hub.failures());
     assert!(failures.contains("405") && failures.contains("type: sse"), "{failures}");
     hub.close().await;

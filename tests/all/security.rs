@@ -163,7 +163,7 @@ fn stdio_servers_get_a_minimal_environment() {
     // Nothing beyond the allowlist, the config's env and inherit_env.
     for n in &names {
         assert!(
-            mcp_context::ENV_ALLOWLIST.contains(&n.as_str())
+            mcp_context::settings::ENV_ALLOWLIST.contains(&n.as_str())
                 || ["FROM_CONFIG", "PASS_THROUGH_ME", "MCP_TEST_TAG"].contains(&n.as_str()),
             "unexpected variable {n}"
         );

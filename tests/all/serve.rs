@@ -971,3 +971,46 @@ async fn forward_authorization_sends_the_callers_own_key_and_the_body_can_name_t
     assert_eq!(r.status(), 200);
     assert!(!up2.seen()[0].headers.contains_key("authorization"));
 }
+
+/// `mcp_context::serve` mounted in an application's own axum router (beside
+/// the application's own route): a real request through it reaches a real
+/// local upstream with the caller's context in front, as with the binary.
+#[tokio::test]
+async fn the_proxy_mounts_in_an_applications_own_router() {
+    use mcp_context::{ContextRequest, McpContext};
+    let up = Upstream::start().await;
+    let tag = tag();
+    let yaml = format!(
+        "servers:\n{}policy: {:?}\ncontext:\n  max_tokens: 4000\nserve:\n{}",
+        demo_server("demo", &tag),
+        policies_dir().join("default.yaml"),
+        default_serve()
+    );
+    let config = config(&yaml);
+    let ctx = Arc::new(McpContext::from_config(&config).await.unwrap());
+    let proxy = mcp_context::serve::Proxy::new(ctx.clone(), &config, &up.base).unwrap();
+    let app = Router::new().route("/app/health", axum::routing::get(|| async { "app ok" })).merge(proxy.router());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let health = http().get(format!("{url}/app/health")).send().await.unwrap();
+    assert_eq!(health.text().await.unwrap(), "app ok", "the application's own route still answers");
+    let body = chat_body("how do I share a note?");
+    let resp =
+        http().post(format!("{url}/v1/chat/completions")).bearer_auth("key-alice").json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["x-mcp-context"].to_str().unwrap().starts_with("user=alice; tokens="));
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["choices"][0]["message"]["content"], ANSWER);
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].headers["authorization"], "Bearer sk-upstream-1");
+    let (message, _) = ctx.build(&ContextRequest::for_user("alice")).await.unwrap();
+    let expected = message.expect("alice sees something").content;
+    let msgs = seen[0].body["messages"].as_array().unwrap();
+    assert_eq!(msgs[0], json!({"role": "system", "content": *expected, "name": "mcp_context"}));
+    assert_eq!(msgs[1], body["messages"][0]);
+    server.abort();
+    ctx.close().await;
+}

@@ -5,7 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_openai::types::chat::{ChatCompletionRequestUserMessage, CreateChatCompletionRequestArgs};
-use mcp_context::{ContextClient, ContextRequest, LIST_TOOL, McpContext, Policy, READ_TOOL};
+use mcp_context::tools::{LIST_TOOL, READ_TOOL};
+use mcp_context::{ContextClient, ContextRequest, McpContext, Policy};
 
 use crate::common::*;
 

@@ -59,6 +59,21 @@ use crate::id::ResourceId;
 use crate::report::SharedCacheStatus;
 use crate::resource::Contents;
 
+mod scripts;
+use scripts::{CLAIM, STORE, STORE_DERIVED, UNLOCK};
+
+mod commands;
+use commands::Commands;
+
+mod keys;
+use keys::{Keys, digest, identity, now_ms};
+
+mod events;
+use events::{describe, listen};
+
+mod flight;
+use flight::{LockGuard, Waiting};
+
 /// After a failed command, the shared cache is skipped this long before the
 /// next try (requests never queue behind a dead Redis).
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -91,12 +106,6 @@ pub(crate) struct SharedRead {
     /// `Some` when the answer came from Redis: its remaining life (a local
     /// copy must not outlive it).
     pub(crate) remaining: Option<Duration>,
-}
-
-struct Keys {
-    data: String,
-    generation: String,
-    lock: String,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -140,53 +149,6 @@ enum Claim {
     Unusable(String),
 }
 
-/// The connection for commands and scripts: one multiplexed connection,
-/// made on first use and dropped after any failure, so that the next
-/// command connects afresh. (redis' `ConnectionManager` kept a failed
-/// reconnection attempt as its connection, or a dead connection until a
-/// command failed on it: a restarted Redis was never used again, issue 29.)
-struct Commands {
-    client: redis::Client,
-    config: redis::AsyncConnectionConfig,
-    /// The connection and its number (a failure drops only the connection
-    /// it happened on, not a newer one).
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
-    /// Held while connecting: concurrent commands wait for one connection
-    /// attempt instead of each making one.
-    connecting: tokio::sync::Mutex<()>,
-    made: AtomicU64,
-}
-
-impl Commands {
-    fn current(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
-        self.current.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The current connection, or a new one.
-    async fn get(&self) -> redis::RedisResult<(u64, MultiplexedConnection)> {
-        if let Some(c) = self.current().clone() {
-            return Ok(c);
-        }
-        let _connecting = self.connecting.lock().await;
-        if let Some(c) = self.current().clone() {
-            return Ok(c);
-        }
-        let c = self.client.get_multiplexed_async_connection_with_config(&self.config).await?;
-        let n = self.made.fetch_add(1, Ordering::Relaxed) + 1;
-        *self.current() = Some((n, c.clone()));
-        Ok((n, c))
-    }
-
-    /// Drops connection `n` (whichever is current with `None`) if it is
-    /// still the current one.
-    fn drop_connection(&self, n: Option<u64>) {
-        let mut current = self.current();
-        if current.as_ref().is_some_and(|(m, _)| n.is_none_or(|n| n == *m)) {
-            *current = None;
-        }
-    }
-}
-
 pub(crate) struct SharedCache {
     commands: Commands,
     settings: CacheSettings,
@@ -218,95 +180,6 @@ impl Drop for SharedCache {
             t.abort();
         }
     }
-}
-
-/// Stores an answer only if the resource's generation is the one the reader
-/// saw, and keeps the key alive as long as its longest-lived field.
-const STORE: &str = r"
-local g = redis.call('GET', KEYS[2]) or '0'
-if g ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
-local life = tonumber(ARGV[4])
-local left = redis.call('PTTL', KEYS[1])
-if left < life then redis.call('PEXPIRE', KEYS[1], life) end
-return 1
-";
-
-/// Stores a derived-data record (`context::derived`) next to its contents:
-/// only while the contents' hash exists (an invalidation deletes both), and
-/// only if it adds something (byte 1 is its kind, bytes 2..33 its head
-/// digest): another head, or chunks where counts alone were stored.
-const STORE_DERIVED: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur and string.sub(cur, 2, 33) == string.sub(ARGV[2], 2, 33)
-  and string.byte(cur, 1) >= string.byte(ARGV[2], 1) then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1
-";
-
-/// The lookup and the lock in one step: the user's private answer and the
-/// public one (`KEYS[1]`, fields `ARGV[1]` and `p`), the generation
-/// (`KEYS[2]`) and, when neither answer is live, `SET NX PX` on the lock
-/// (`KEYS[3]`, value `ARGV[3]`, life `ARGV[4]` ms). The fourth value says
-/// 0: an answer is live (`ARGV[2]` is the time now, in ms; a value starts
-/// with its expiry, `{"x":…`); 1: the lock is this replica's now; 2:
-/// another holds it.
-const CLAIM: &str = r#"
-local v = redis.call('HMGET', KEYS[1], ARGV[1], 'p')
-local g = redis.call('GET', KEYS[2]) or '0'
-local now = tonumber(ARGV[2])
-for i = 1, 2 do
-  if v[i] then
-    local x = tonumber(string.match(v[i], '^{"x":(%d+)'))
-    if x == nil or x > now then return {v[1], v[2], g, 0} end
-  end
-end
-if redis.call('SET', KEYS[3], ARGV[3], 'NX', 'PX', ARGV[4]) then return {v[1], v[2], g, 1} end
-return {v[1], v[2], g, 2}
-"#;
-
-/// Releases the lock only if this replica still holds it.
-const UNLOCK: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-";
-
-fn hex(bytes: &[u8], len: usize) -> String {
-    bytes
-        .iter()
-        .flat_map(|b| [b >> 4, b & 15])
-        .take(len)
-        .map(|n| char::from_digit(n.into(), 16).unwrap_or('0'))
-        .collect()
-}
-
-fn digest(parts: &[&str]) -> String {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update(p.len().to_le_bytes());
-        h.update(p.as_bytes());
-    }
-    hex(&h.finalize(), 32)
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// A server's identity across replicas: its name and a digest of how it is
-/// reached (command and arguments, or URL). The environment is left out:
-/// it holds secrets and host-specific values, not what the server serves.
-fn identity(name: &str, transport: &Transport) -> String {
-    let fp = match transport {
-        Transport::Stdio { command, args, .. } => {
-            let mut parts = vec!["stdio", command.as_str()];
-            parts.extend(args.iter().map(String::as_str));
-            digest(&parts)
-        }
-        Transport::Http { url, .. } => digest(&["http", url]),
-    };
-    format!("{name}.{}", &fp[..16])
 }
 
 impl SharedCache {
@@ -714,175 +587,6 @@ impl SharedCache {
                 return;
             }
             cursor = next;
-        }
-    }
-
-    fn on_event(&self, payload: &[u8], remote: &mpsc::UnboundedSender<Remote>) {
-        let Ok(e) = serde_json::from_slice::<Event>(payload) else { return };
-        if e.r == self.replica {
-            return;
-        }
-        let Some(server) = self.by_identity.get(&e.s) else { return };
-        match e.k {
-            'i' => {
-                self.received.fetch_add(1, Ordering::Relaxed);
-                let _ = remote.send(Remote::Invalidate { server: server.clone(), uri: e.u });
-            }
-            'f' => {
-                if let Some(k) = self.keys(server, &e.u)
-                    && let Some(n) = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).get(&k.data)
-                {
-                    n.notify_waiters();
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// Releases a held single-flight lock when the read ends or is dropped.
-struct LockGuard {
-    shared: Arc<SharedCache>,
-    key: String,
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        let shared = self.shared.clone();
-        let key = std::mem::take(&mut self.key);
-        tokio::spawn(async move {
-            let mut invocation = shared.unlock.prepare_invoke();
-            invocation.key(&key).arg(&shared.replica);
-            let _: Option<i64> =
-                shared.run("unlock", |mut c| async move { invocation.invoke_async(&mut c).await }).await;
-        });
-    }
-}
-
-/// This read's place among the waiters for one resource ("filled" events
-/// wake them); removed when the last waiter is done or dropped.
-struct Waiting<'a> {
-    shared: &'a SharedCache,
-    key: &'a str,
-    notify: Arc<Notify>,
-}
-
-impl<'a> Waiting<'a> {
-    fn new(shared: &'a SharedCache, key: &'a str) -> Self {
-        let notify = shared
-            .waiters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key.to_owned())
-            .or_insert_with(|| Arc::new(Notify::new()))
-            .clone();
-        Self { shared, key, notify }
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        let mut waiters = self.shared.waiters.lock().unwrap_or_else(|p| p.into_inner());
-        // The map's reference and this one: no other waiter.
-        if Arc::strong_count(&self.notify) <= 2 {
-            waiters.remove(self.key);
-        }
-    }
-}
-
-/// The event listener: subscribes, relays events, and after any break
-/// (including a Redis that was down at start-up) resubscribes and tells the
-/// local cache to resync.
-async fn listen(shared: std::sync::Weak<SharedCache>, client: redis::Client, remote: mpsc::UnboundedSender<Remote>) {
-    let mut gap = false;
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        let Some(me) = shared.upgrade() else { return };
-        let timeout = me.settings.timeout.max(Duration::from_millis(500));
-        let connected = tokio::time::timeout(timeout, async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&me.channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
-        })
-        .await;
-        match connected {
-            Ok(Ok(pubsub)) => {
-                backoff = Duration::from_millis(100);
-                if gap {
-                    let _ = remote.send(Remote::Resync);
-                }
-                me.health().subscribed = true;
-                tracing::debug!(target: "mcp_context::cache", url = %me.redacted_url, "listening for shared cache events");
-                // Up takes a command that went through as well: one now (on
-                // a new connection after a break), then one a second while
-                // commands fail, so that Redis is used again as soon as it
-                // answers, and not first by a request that pays for a
-                // failure.
-                me.probe().await;
-                let mut messages = pubsub.into_on_message();
-                drop(me);
-                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + RETRY_AFTER, RETRY_AFTER);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        msg = messages.next() => {
-                            let Some(msg) = msg else { break };
-                            let Some(me) = shared.upgrade() else { return };
-                            me.on_event(msg.get_payload_bytes(), &remote);
-                        }
-                        _ = tick.tick() => {
-                            let Some(me) = shared.upgrade() else { return };
-                            if !me.commands_ok() {
-                                me.probe().await;
-                            }
-                        }
-                    }
-                }
-                let Some(me) = shared.upgrade() else { return };
-                // Commands go to the same Redis: their connection is most
-                // likely as dead as this one (a restart closes both), so the
-                // next command makes a new one, and the first one to go
-                // through says the shared cache is up again.
-                me.commands.drop_connection(None);
-                let mut h = me.health();
-                h.subscribed = false;
-                h.commands = false;
-                h.error = Some(format!("Redis at {}: the event subscription was closed", me.redacted_url));
-                tracing::warn!(target: "mcp_context::cache", "shared cache events lost; local entries will be dropped on reconnect");
-            }
-            Ok(Err(e)) => {
-                let mut h = me.health();
-                h.subscribed = false;
-                h.error = Some(format!("Redis at {}: {}", me.redacted_url, describe(&e)));
-            }
-            Err(_) => {
-                let mut h = me.health();
-                h.subscribed = false;
-                h.error = Some(format!("Redis at {}: no answer within {} ms", me.redacted_url, timeout.as_millis()));
-            }
-        }
-        gap = true;
-        tokio::time::sleep(backoff).await;
-        // At most half a second between attempts: a refused connection
-        // costs nothing, and a Redis that is back is used within it.
-        backoff = (backoff * 2).min(RETRY_AFTER / 2);
-    }
-}
-
-/// A Redis error as a cause a user can act on: refused, timed out, auth.
-fn describe(e: &redis::RedisError) -> String {
-    if e.is_connection_refusal() {
-        "connection refused (is Redis running, and is the URL right?)".into()
-    } else if e.is_timeout() {
-        "timed out".into()
-    } else {
-        let s = e.to_string();
-        if s.contains("NOAUTH") || s.contains("WRONGPASS") {
-            "authentication failed (check the URL's credentials)".into()
-        } else if s.contains("invalid peer certificate") {
-            format!("TLS: the server's certificate is not trusted ({s}); name its CA in cache.ca_file")
-        } else {
-            s
         }
     }
 }
