@@ -131,7 +131,7 @@ async fn relevance(server: &str, n: usize, size: usize, rounds: usize) {
         .collect();
     let question =
         |i: usize| (0..6).map(|k| words[(i * 7 + k * 13) % words.len()].as_str()).collect::<Vec<_>>().join(" ") + "?";
-    let request = |q: String| ContextRequest { query: Some(q), ..ContextRequest::for_user("bench") };
+    let request = |q: String| ContextRequest::for_user("bench").with_query(q);
     let t = Instant::now();
     let (m, report) = ctx.build(&request(question(0))).await.expect("build");
     let cold = t.elapsed();

@@ -235,10 +235,7 @@ async fn main() {
     // mode). Contents come from Redis in both columns; token counts and
     // chunks too in the first, computed by the new replica in the second.
     let prefix = format!("{run}derived:");
-    let ask = || mcp_context::ContextRequest {
-        query: Some("which notes share the gamma sync".into()),
-        ..mcp_context::ContextRequest::for_user("alice")
-    };
+    let ask = || mcp_context::ContextRequest::for_user("alice").with_query("which notes share the gamma sync");
     let seed = replicas(1, &mcp, Some((&redis_url, &prefix))).await;
     let (_, report) = seed[0].build(&ask()).await.unwrap();
     assert_eq!(report.mode, Some(mcp_context::SelectMode::Relevance));

@@ -219,7 +219,7 @@ async fn chat(
         history.push(ChatCompletionRequestUserMessage::from(line).into());
         let request =
             CreateChatCompletionRequestArgs::default().model(args.model.clone()).messages(history.clone()).build()?;
-        let creq = ContextRequest { user: args.user.clone(), selection, ..Default::default() };
+        let creq = ContextRequest::for_user(args.user.clone()).with_selection(selection);
         // The context is injected here, before the endpoint is called, so
         // `/context` shows what was injected even when the call then fails.
         let injected = if args.inject {

@@ -258,7 +258,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let servers = config.servers.len();
             let result = interruptible(&ctx, async {
-                let req = ContextRequest { user: user.clone(), selection, budget, model, query, select: mode };
+                let mut req = ContextRequest::for_user(user.clone())
+                    .with_selection(selection)
+                    .with_budget(budget)
+                    .with_select(mode);
+                if let Some(m) = model {
+                    req = req.with_model(m);
+                }
+                if let Some(q) = query {
+                    req = req.with_query(q);
+                }
                 let (message, report) = ctx.build(&req).await?;
                 let mut out = std::io::stdout().lock();
                 if json {

@@ -54,6 +54,43 @@ pub struct Resource {
 }
 
 impl Resource {
+    /// A resource with only its id (its name is the URI); the `with_*`
+    /// setters give the rest, e.g. to build a listing in a test or an
+    /// application's own adapter.
+    pub fn new(id: ResourceId) -> Self {
+        Self::unlisted(id)
+    }
+
+    /// With this MIME type.
+    pub fn with_mime_type(mut self, mime: impl Into<String>) -> Self {
+        self.mime_type = Some(mime.into());
+        self
+    }
+
+    /// With this title.
+    pub fn with_title(mut self, title: impl Into<String>) -> Self {
+        self.title = Some(title.into());
+        self
+    }
+
+    /// With this description.
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = Some(description.into());
+        self
+    }
+
+    /// With this `annotations.priority` (0.0 to 1.0).
+    pub fn with_priority(mut self, priority: f32) -> Self {
+        self.annotations.priority = Some(priority);
+        self
+    }
+
+    /// With this `annotations.audience`.
+    pub fn with_audience(mut self, audience: Vec<Audience>) -> Self {
+        self.annotations.audience = Some(audience);
+        self
+    }
+
     /// A resource known only by id (e.g. a policy `include` that no listing shows).
     pub fn unlisted(id: ResourceId) -> Self {
         let name = id.uri.clone();
@@ -72,6 +109,27 @@ impl Resource {
     /// True when `annotations.audience` names only `user`: not for the model.
     pub fn is_user_only(&self) -> bool {
         matches!(&self.annotations.audience, Some(a) if !a.is_empty() && a.iter().all(|r| *r == Audience::User))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resource_built_by_its_setters() {
+        let r = Resource::new(ResourceId::from_listing("s", "fx://a"))
+            .with_mime_type("text/plain")
+            .with_title("A")
+            .with_description("about a")
+            .with_priority(0.5)
+            .with_audience(vec![Audience::User]);
+        assert_eq!(
+            (r.name.as_str(), r.mime_type.as_deref(), r.title.as_deref()),
+            ("fx://a", Some("text/plain"), Some("A"))
+        );
+        assert_eq!((r.description.as_deref(), r.annotations.priority), (Some("about a"), Some(0.5)));
+        assert!(r.is_user_only());
     }
 }
 

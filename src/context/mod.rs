@@ -88,8 +88,11 @@ mod request;
 use memo::{CompositionMemo, SelectionMemo, WarmMemo};
 use request::Run;
 
-/// What to build the context for.
+/// What to build the context for: [`ContextRequest::for_user`], then the
+/// `with_*` setters for what differs from the config (the type may gain
+/// fields, so it is not built with a struct literal outside this crate).
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ContextRequest {
     /// The user whose policy applies.
     pub user: String,
@@ -112,6 +115,36 @@ impl ContextRequest {
     /// A request for `user` with everything else from the config.
     pub fn for_user(user: impl Into<String>) -> Self {
         Self { user: user.into(), ..Self::default() }
+    }
+
+    /// Only these resources (`None`: everything the user may see).
+    pub fn with_selection(mut self, ids: impl Into<Option<Vec<ResourceId>>>) -> Self {
+        self.selection = ids.into();
+        self
+    }
+
+    /// Another budget (`None`: the config's).
+    pub fn with_budget(mut self, tokens: impl Into<Option<usize>>) -> Self {
+        self.budget = tokens.into();
+        self
+    }
+
+    /// Count with this model's tokenizer.
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// The question relevance mode ranks passages by.
+    pub fn with_query(mut self, query: impl Into<String>) -> Self {
+        self.query = Some(query.into());
+        self
+    }
+
+    /// Another way of choosing resources (`None`: the config's `context.select`).
+    pub fn with_select(mut self, mode: impl Into<Option<SelectMode>>) -> Self {
+        self.select = mode.into();
+        self
     }
 }
 

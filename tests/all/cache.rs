@@ -34,7 +34,7 @@ struct Files {
 /// joins the read before any answer can be handled, so the slow read (500 ms)
 /// only has to outlast a few polls.
 async fn load_tokenizer(ctx: &McpContext) {
-    let req = ContextRequest { user: "warm-up".into(), selection: Some(vec![]), ..Default::default() };
+    let req = ContextRequest::for_user("warm-up").with_selection(vec![]);
     ctx.build(&req).await.unwrap();
 }
 
@@ -201,11 +201,8 @@ async fn concurrent_injections_share_one_read() {
     );
     let ctx = Arc::new(McpContext::from_config(&config(&yaml)).await.unwrap());
     load_tokenizer(&ctx).await;
-    let req = ContextRequest {
-        user: "u".into(),
-        selection: Some(vec![mcp_context::ResourceId::parse("fx:fx://slow").unwrap()]),
-        ..Default::default()
-    };
+    let req =
+        ContextRequest::for_user("u").with_selection(vec![mcp_context::ResourceId::parse("fx:fx://slow").unwrap()]);
     let tasks: Vec<_> = (0..12)
         .map(|_| {
             let (ctx, req) = (ctx.clone(), req.clone());
@@ -256,7 +253,7 @@ async fn a_shared_read_with_a_private_answer_is_not_handed_to_another_user() {
         .into_iter()
         .map(|user| {
             let ctx = ctx.clone();
-            let req = ContextRequest { user: user.into(), selection: Some(slow.clone()), ..Default::default() };
+            let req = ContextRequest::for_user(user).with_selection(slow.clone());
             tokio::spawn(async move { ctx.build(&req).await.unwrap().1.included.len() })
         })
         .collect();

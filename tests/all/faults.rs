@@ -191,7 +191,7 @@ async fn every_fault_is_contained() {
                 ids
             });
             let started = Instant::now();
-            let req = ContextRequest { user: "u".into(), selection, ..Default::default() };
+            let req = ContextRequest::for_user("u").with_selection(selection);
             let (message, report) = ctx.build(&req).await.unwrap();
             let took = started.elapsed();
             assert!(took < Duration::from_millis(deadline_ms + 2000), "{}: took {took:?}", case.name);

@@ -360,7 +360,7 @@ async fn no_random_spelling_reaches_a_denied_resource() {
         admitted += usize::from(!r.is_error);
         if i % 8 == 0 {
             let Ok(id) = ResourceId::parse(uri) else { continue };
-            let req = ContextRequest { selection: Some(vec![id]), ..ContextRequest::for_user("dora") };
+            let req = ContextRequest::for_user("dora").with_selection(vec![id]);
             let (message, _) = ctx.build(&req).await.unwrap();
             assert_no_canary(uri, message.as_ref().map_or("", |m| m.content.as_str()));
         }
@@ -449,7 +449,7 @@ impl SdkSetup {
 /// The message and report for `user`, with `select` as `--select` would.
 async fn build_for(ctx: &McpContext, user: &str, select: &[&str]) -> (String, mcp_context::Report) {
     let selection = (!select.is_empty()).then(|| select.iter().map(|id| ResourceId::parse(id).unwrap()).collect());
-    let req = ContextRequest { selection, ..ContextRequest::for_user(user) };
+    let req = ContextRequest::for_user(user).with_selection(selection);
     let (message, report) = ctx.build(&req).await.unwrap();
     (message.map(|m| m.content.to_string()).unwrap_or_default(), report)
 }

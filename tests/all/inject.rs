@@ -116,11 +116,8 @@ async fn developer_role_selection_and_nothing_to_inject() {
     let t = tag();
     let yaml = format!("servers:\n{}context:\n  role: developer\n  max_tokens: 2000\n", demo_server("demo", &t));
     let ctx = McpContext::from_config(&config(&yaml)).await.unwrap();
-    let req = ContextRequest {
-        user: "anyone".into(),
-        selection: Some(vec![ResourceId::parse("demo:demo://public/faq").unwrap()]),
-        ..Default::default()
-    };
+    let req =
+        ContextRequest::for_user("anyone").with_selection(vec![ResourceId::parse("demo:demo://public/faq").unwrap()]);
     let (r, report) = ctx.inject(conversation(), &req).await.unwrap();
     let v = serde_json::to_value(&r.messages[0]).unwrap();
     assert_eq!(v["role"], "developer");

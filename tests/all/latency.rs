@@ -70,7 +70,7 @@ async fn reads_of_a_page_start_while_the_next_page_is_listed() {
     let policy = dir.path().join("policy.yaml");
     std::fs::write(&policy, POLICY).unwrap();
     let cfg = http_config(&url, Some(&policy));
-    let req = ContextRequest { budget: Some(1_000_000), ..ContextRequest::for_user("alice") };
+    let req = ContextRequest::for_user("alice").with_budget(1_000_000);
 
     let ctx = McpContext::from_config_for_user(&cfg, "alice").await.unwrap();
     let (ahead, report) = ctx.build(&req).await.unwrap();

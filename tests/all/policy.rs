@@ -134,7 +134,7 @@ proptest! {
             let yaml = format!("servers:\n{}", fixture_server("fx", &t, &["--n", "6", "--specials"]));
             let check = Policy::from_yaml(&yaml_policy, Path::new("gen.yaml")).unwrap();
             let ctx = McpContext::with_policy(&config(&yaml), policy).await;
-            let req = ContextRequest { user: "p".into(), budget: Some(budget), ..Default::default() };
+            let req = ContextRequest::for_user("p").with_budget(budget);
             let (m, report) = ctx.build(&req).await.unwrap();
             let content = m.map(|m| m.content).unwrap_or_default();
             let up = check.for_user("p");

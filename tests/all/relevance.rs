@@ -65,7 +65,7 @@ async fn engine(dir: &Path, log: &Path, t: &str) -> McpContext {
 }
 
 fn req(user: &str, budget: usize, query: &str) -> ContextRequest {
-    ContextRequest { budget: Some(budget), query: Some(query.into()), ..ContextRequest::for_user(user) }
+    ContextRequest::for_user(user).with_budget(budget).with_query(query)
 }
 
 #[tokio::test]
@@ -98,7 +98,7 @@ async fn auto_switches_exactly_when_the_visible_content_stops_fitting() {
     let (t, dir) = (tag(), kb());
     let log = dir.path().join("..").join(format!("reads-{t}.log"));
     let ctx = engine(dir.path(), &log, &t).await;
-    let all = ContextRequest { select: Some(SelectMode::Priority), ..req("eve", 1_000_000, "penguins") };
+    let all = req("eve", 1_000_000, "penguins").with_select(SelectMode::Priority);
     let (whole, report) = ctx.build(&all).await.unwrap();
     let whole = whole.unwrap();
     assert!(report.excluded.iter().all(|e| e.reason != mcp_context::ExcludeReason::Budget));
@@ -139,7 +139,7 @@ async fn mentioned_resources_go_in_first() {
     let ctx = engine(dir.path(), &log, &t).await;
     // The query matches nothing in the finance handbook; mentioned, it still fills the budget first.
     let id = |f: &str| ResourceId::new("kb", format!("kb://{f}")).unwrap();
-    let r = ContextRequest { selection: Some(vec![id("a-handbook.txt")]), ..req("alice", 600, "emperor penguins") };
+    let r = req("alice", 600, "emperor penguins").with_selection(vec![id("a-handbook.txt")]);
     let (m, report) = ctx.build(&r).await.unwrap();
     assert_eq!(report.mode, Some(SelectMode::Relevance));
     let ids: Vec<&str> = report.included.iter().map(|i| i.id.as_str()).collect();
@@ -149,7 +149,7 @@ async fn mentioned_resources_go_in_first() {
     // none of the legal handbook's does, and about two chunks fit. Each
     // mentioned resource still gets its best chunk in.
     let both = vec![id("secret.txt"), id("b-handbook.txt")];
-    let r = ContextRequest { selection: Some(both), ..req("alice", 800, "security") };
+    let r = req("alice", 800, "security").with_selection(both);
     let (m, report) = ctx.build(&r).await.unwrap();
     let ids: Vec<&str> = report.included.iter().map(|i| i.id.as_str()).collect();
     assert_eq!(ids, ["kb:kb://b-handbook.txt", "kb:kb://secret.txt"], "{report:?}");
@@ -232,7 +232,7 @@ async fn eval_python_faq() {
         let mut missed = Vec::new();
         for (m, mode) in [SelectMode::Priority, SelectMode::Relevance].into_iter().enumerate() {
             for (q, file) in &questions {
-                let r = ContextRequest { select: Some(mode), ..req("eval", budget, q) };
+                let r = req("eval", budget, q).with_select(mode);
                 let (msg, report) = ctx.build(&r).await.unwrap();
                 assert!(report.tokens <= budget);
                 assert_eq!(report.mode, Some(mode));
@@ -308,7 +308,7 @@ async fn typed_responses_requests_rank_by_their_input() {
     assert_eq!(report.mode, Some(SelectMode::Relevance));
     assert!(report.warnings.is_empty(), "ranked by a query: {:?}", report.warnings);
     assert!(instructions.contains("SECRET-CANARY"), "the passage that answers `input`: {instructions}");
-    let asked = ContextRequest { query: Some(q.into()), ..ContextRequest::for_user("alice") };
+    let asked = ContextRequest::for_user("alice").with_query(q);
     let (message, by_query) = ctx.build(&asked).await.unwrap();
     assert!(instructions.contains(message.unwrap().content.as_str()));
     assert_eq!((report.tokens, &report.included), (by_query.tokens, &by_query.included));
