@@ -69,8 +69,6 @@ pub mod inject;
 mod jsonc;
 mod large;
 mod lru;
-/// The same injection for Anthropic's Messages API, at the JSON level: our
-/// block last in `system`, cache breakpoints counted and capped.
 pub mod messages;
 mod mode;
 mod pipe;

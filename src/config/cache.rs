@@ -62,7 +62,7 @@ pub struct CacheSettings {
     pub backend: CacheBackend,
     /// Redis URL (`redis://`, `rediss://` for TLS, `redis+unix://`); may
     /// carry credentials, so it is held as a secret (shown with
-    /// [`redact_url`](crate::redact_url)).
+    /// `redact_url` in `cause.rs`).
     pub url: SecretString,
     /// Prefix of every key and channel, so deployments can share one Redis.
     pub key_prefix: String,
