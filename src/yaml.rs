@@ -1,16 +1,16 @@
 //! YAML as the config and the policy read it, and the one way their errors
 //! are located.
 //!
-//! The text is parsed once by libyaml-rs (the parser under `yaml_serde`)
-//! into a [`Node`] tree in which every node keeps the line and column the
-//! parser gave its first character, so a problem found after parsing (an
-//! undefined role, a server name that is invalid, a rule's line) points at
-//! the value itself, whatever the layout: block or flow style, short or
-//! repeated names. A serde [`Deserializer`](serde::Deserializer) over the
-//! tree then fills the raw structs; its errors carry the position of the
-//! node at fault, and every one is recorded in a [`Problems`] list, so a
-//! caller that wraps independent parts in [`Lenient`] goes on past a bad
-//! part and reports every problem at once. [`OrderedMap`] is the one map
+//! The text is parsed once by saphyr-parser (a pure-Rust YAML 1.2 event
+//! parser) into a [`Node`] tree in which every node keeps the line and
+//! column the parser gave its first character, so a problem found after
+//! parsing (an undefined role, a server name that is invalid, a rule's line)
+//! points at the value itself, whatever the layout: block or flow style,
+//! short or repeated names. A serde [`Deserializer`](serde::Deserializer)
+//! over the tree then fills the raw structs; its errors carry the position
+//! of the node at fault, and every one is recorded in a [`Problems`] list,
+//! so a caller that wraps independent parts in [`Lenient`] goes on past a
+//! bad part and reports every problem at once. [`OrderedMap`] is the one map
 //! that keeps file order and rejects a repeated key.
 //!
 //! Scalars are resolved as `yaml_serde` does (YAML 1.2 core schema): a
@@ -18,24 +18,24 @@
 //! nothing are null; `true`/`false`, decimal, `0x`, `0o`, `0b` integers and
 //! floats are what they look like when a number or a bool is expected.
 //!
-//! The parser is libyaml's (through `libyaml-rs`'s FFI, the only `unsafe`
-//! here), because it gives every node's start mark and fails with the
-//! position of the fault, which the config's and policy's errors rely on.
-//! Replacing it with a pure-Rust parser that keeps spans (saphyr-parser,
-//! marked-yaml) is issue 32's plan and not done yet; until then the whole
-//! layer is fuzzed (proptest over random bytes and over YAML punctuation,
-//! below): no input panics, and every problem is located inside the text.
-
-// libyaml is a C library: its parser is driven through FFI (see above).
-#![allow(unsafe_code)]
+//! Why saphyr-parser: it is safe Rust (this module needs no `unsafe`), and
+//! every event carries its span (line, column in characters, character
+//! index), and an error the position of the fault, which the config's and
+//! policy's errors rely on. Only its event API is used here (`Parser`,
+//! `Event`, `Marker`, `ScanError`, `ScalarStyle`); its character indices
+//! are turned into byte offsets, and what libyaml (the parser used before)
+//! did beyond it is kept here: control characters are refused, an error
+//! inside a flow collection names it (`while parsing a flow sequence at
+//! line 3 column 12`), an unknown alias is named. The whole layer is fuzzed
+//! (proptest over random bytes and over YAML punctuation, below): no input
+//! panics, and every problem is located inside the text.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
-use std::mem::MaybeUninit;
 
-use libyaml_rs as sys;
+use saphyr_parser as sp;
 use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, SeqAccess, Unexpected, Visitor};
 
 /// Deepest nesting accepted (as `yaml_serde`): deeper input is an error, not a stack overflow.
@@ -193,154 +193,186 @@ pub(crate) fn parse(src: &str) -> Result<Option<Node<'_>>, Problem> {
 // Building the tree from the parser's events
 // ---------------------------------------------------------------------------
 
-/// libyaml-rs's event parser, owned (it is a transpiled C API).
+/// saphyr's event parser over the text, with what the tree needs besides.
 struct Parser<'a> {
-    sys: Box<MaybeUninit<sys::yaml_parser_t>>,
+    events: sp::Parser<'a, sp::StrInput<'a>>,
     src: &'a str,
-    anchors: Vec<(Box<[u8]>, Node<'a>)>,
+    /// Byte offset of every character (and of the end), when the text is not
+    /// all ASCII: saphyr's marks count characters, the tree keeps bytes.
+    offsets: Option<Vec<u32>>,
+    /// The collections open, innermost last: whether a mapping, where, and
+    /// whether in flow style (`[`, `{`), to name it in a syntax error's context.
+    open: Vec<(bool, Pos, bool)>,
+    /// Anchors by saphyr's id (an anchor defined again gets a new id).
+    anchors: Vec<(usize, Node<'a>)>,
     /// Nodes made so far, aliases expanded: capped so that a few aliases of
     /// aliases cannot expand into billions of nodes.
     made: usize,
 }
 
-/// One event, copied out of the parser.
+/// One event, with what the tree needs of it.
 enum Event<'a> {
     StreamEnd,
     DocumentStart,
-    DocumentEnd,
-    Alias(Box<[u8]>),
-    Scalar { value: Cow<'a, str>, plain: bool, anchor: Option<Box<[u8]>>, tagged: bool },
-    SeqStart { anchor: Option<Box<[u8]>>, tagged: bool },
+    Alias(usize),
+    Scalar { value: Cow<'a, str>, plain: bool, anchor: usize, tagged: bool },
+    SeqStart { anchor: usize, tagged: bool },
     SeqEnd,
-    MapStart { anchor: Option<Box<[u8]>>, tagged: bool },
+    MapStart { anchor: usize, tagged: bool },
     MapEnd,
     Other,
+}
+
+/// Where an event starts or ends: line and column, and byte offset.
+#[derive(Clone, Copy)]
+struct Mark {
+    pos: Pos,
+    at: u32,
 }
 
 /// A node being built: its start and what it has so far.
 struct Open<'a> {
     pos: Pos,
     start: u32,
-    anchor: Option<Box<[u8]>>,
+    anchor: usize,
     items: Vec<Node<'a>>,
     map: bool,
 }
 
-impl Drop for Parser<'_> {
-    fn drop(&mut self) {
-        // SAFETY: initialised in `new` (or `new` panicked before a Parser existed).
-        unsafe { sys::yaml_parser_delete(self.sys.as_mut_ptr()) }
-    }
-}
-
-fn pos_of_mark(m: &sys::yaml_mark_t) -> Pos {
-    Pos { line: m.line as usize + 1, column: m.column as usize + 1 }
-}
-
-/// A NUL-terminated string of the parser's, copied.
-///
-/// # Safety
-/// `p` is null or points at a NUL-terminated string.
-unsafe fn c_bytes(p: *const u8) -> Option<Box<[u8]>> {
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: per the contract.
-    Some(unsafe { std::ffi::CStr::from_ptr(p.cast()) }.to_bytes().into())
+fn pos_of_marker(m: &sp::Marker) -> Pos {
+    // saphyr: 1-based line, 0-based column (in characters).
+    Pos { line: m.line().max(1), column: m.col() + 1 }
 }
 
 impl<'a> Parser<'a> {
     fn new(src: &'a str) -> Self {
-        let mut parser = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
-        // SAFETY: the parser is initialised before use; `src` outlives it
-        // (the Parser borrows it), as libyaml's string input requires.
-        unsafe {
-            let p = parser.as_mut_ptr();
-            if sys::yaml_parser_initialize(p).fail {
-                panic!("libyaml-rs could not initialise a parser");
-            }
-            sys::yaml_parser_set_encoding(p, sys::YAML_UTF8_ENCODING);
-            sys::yaml_parser_set_input_string(p, src.as_ptr(), src.len() as u64);
-        }
-        Parser { sys: parser, src, anchors: Vec::new(), made: 0 }
+        let offsets = (!src.is_ascii()).then(|| {
+            let mut o: Vec<u32> = src.char_indices().map(|(i, _)| i as u32).collect();
+            o.push(src.len() as u32);
+            o
+        });
+        Parser { events: sp::Parser::new_from_str(src), src, offsets, open: Vec::new(), anchors: Vec::new(), made: 0 }
     }
 
-    /// The parser's error, formatted as `yaml_serde` does but with the
-    /// problem's own position left to [`Problem::pos`].
-    fn error(&self) -> Problem {
-        // SAFETY: the parser is initialised; its error fields are set when a call failed.
-        let p = unsafe { &*self.sys.as_ptr() };
-        let problem = unsafe { c_bytes(p.problem.cast()) }
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_else(|| "the YAML parser failed".into());
-        let mut message = problem;
-        let at = pos_of_mark(&p.problem_mark);
-        if let Some(context) = unsafe { c_bytes(p.context.cast()) } {
-            message.push_str(", ");
-            message.push_str(&String::from_utf8_lossy(&context));
-            let ctx = pos_of_mark(&p.context_mark);
-            if ctx != at && (p.context_mark.line != 0 || p.context_mark.column != 0) {
-                message.push_str(&format!(" at line {} column {}", ctx.line, ctx.column));
+    /// Byte offset of saphyr's character index `index`.
+    fn byte(&self, index: usize) -> u32 {
+        match &self.offsets {
+            None => index.min(self.src.len()) as u32,
+            Some(o) => o.get(index).or(o.last()).copied().unwrap_or(0),
+        }
+    }
+
+    fn mark(&self, m: &sp::Marker) -> Mark {
+        Mark { pos: pos_of_marker(m), at: self.byte(m.index()) }
+    }
+
+    /// The parser's error, with its position (the fault's) left to [`Problem::pos`].
+    fn error(&self, e: &sp::ScanError) -> Problem {
+        let m = e.marker();
+        let pos = Some(pos_of_marker(m));
+        let message = if e.info().contains("unknown anchor") {
+            self.unknown_anchor(self.byte(m.index()))
+        } else {
+            e.info().to_string()
+        };
+        let mut message = message;
+        // The flow collection it is in, as libyaml says it (`while parsing a flow sequence at line 3 column 12`).
+        if let Some(&(map, at, true)) = self.open.last() {
+            message.push_str(if map { ", while parsing a flow mapping" } else { ", while parsing a flow sequence" });
+            if Some(at) != pos {
+                message.push_str(&format!(" at line {} column {}", at.line, at.column));
             }
         }
-        let pos = (p.problem_mark.line != 0 || p.problem_mark.column != 0 || p.problem_mark.index != 0).then_some(at);
         Problem { pos, message }
     }
 
-    fn next(&mut self) -> Result<(Event<'a>, sys::yaml_mark_t, sys::yaml_mark_t), Problem> {
-        let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
-        // SAFETY: the parser is initialised; a parsed event is read, copied
-        // and deleted before the next call.
-        unsafe {
-            let e = event.as_mut_ptr();
-            if sys::yaml_parser_parse(self.sys.as_mut_ptr(), e).fail {
-                return Err(self.error());
-            }
-            let ev = &*e;
-            let out = match ev.type_ {
-                sys::YAML_STREAM_END_EVENT => Event::StreamEnd,
-                sys::YAML_DOCUMENT_START_EVENT => Event::DocumentStart,
-                sys::YAML_DOCUMENT_END_EVENT => Event::DocumentEnd,
-                sys::YAML_ALIAS_EVENT => Event::Alias(c_bytes(ev.data.alias.anchor).unwrap_or_default()),
-                sys::YAML_SCALAR_EVENT => {
-                    let s = &ev.data.scalar;
-                    let bytes = std::slice::from_raw_parts(s.value, s.length as usize);
-                    // Borrow the text when the source holds it as is (plain, or inside quotes).
-                    let (from, to) = (ev.start_mark.index as usize, ev.end_mark.index as usize);
-                    let src = self.src.as_bytes();
-                    let value = if src.get(from..to) == Some(bytes) {
-                        Cow::Borrowed(&self.src[from..to])
-                    } else if to > from + 1 && src.get(from + 1..to - 1) == Some(bytes) {
-                        Cow::Borrowed(&self.src[from + 1..to - 1])
-                    } else {
-                        Cow::Owned(String::from_utf8_lossy(bytes).into_owned())
-                    };
-                    Event::Scalar {
-                        value,
-                        plain: s.style == sys::YAML_PLAIN_SCALAR_STYLE,
-                        anchor: c_bytes(s.anchor),
-                        tagged: !s.tag.is_null(),
-                    }
-                }
-                sys::YAML_SEQUENCE_START_EVENT => Event::SeqStart {
-                    anchor: c_bytes(ev.data.sequence_start.anchor),
-                    tagged: !ev.data.sequence_start.tag.is_null(),
-                },
-                sys::YAML_SEQUENCE_END_EVENT => Event::SeqEnd,
-                sys::YAML_MAPPING_START_EVENT => Event::MapStart {
-                    anchor: c_bytes(ev.data.mapping_start.anchor),
-                    tagged: !ev.data.mapping_start.tag.is_null(),
-                },
-                sys::YAML_MAPPING_END_EVENT => Event::MapEnd,
-                _ => Event::Other,
-            };
-            let (start, end) = (ev.start_mark, ev.end_mark);
-            sys::yaml_event_delete(e);
-            Ok((out, start, end))
-        }
+    /// Whether a collection's start event is a flow one: its span ends with its `[` or `{`.
+    fn is_flow(&self, start: Mark, end: Mark) -> bool {
+        end.at > start.at && matches!(self.src.as_bytes().get(end.at as usize - 1), Some(b'[' | b'{'))
     }
 
+    /// The first character YAML does not allow (a control character, as
+    /// libyaml refuses them: saphyr reads them as text), as an error.
+    fn unprintable(&self) -> Result<(), Problem> {
+        let printable = |c: char| {
+            matches!(c, '\t' | '\n' | '\r' | ' '..='~' | '\u{85}' | '\u{A0}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}')
+                || c >= '\u{10000}'
+        };
+        let Some((at, _)) = self.src.char_indices().find(|&(_, c)| !printable(c)) else { return Ok(()) };
+        // Lines as the parser counts them: `\r\n`, `\r` or `\n` ends one.
+        let before = &self.src[..at];
+        let line_start = before.rfind(['\n', '\r']).map_or(0, |i| i + 1);
+        let line = before.matches('\n').count() + before.matches('\r').count() - before.matches("\r\n").count() + 1;
+        Err(Problem {
+            pos: Some(Pos { line, column: before[line_start..].chars().count() + 1 }),
+            message: "control characters are not allowed".into(),
+        })
+    }
+
+    /// The message for the alias at byte `at` (`*name`), whose anchor is not defined before it.
+    fn unknown_anchor(&self, at: u32) -> String {
+        let alias = self.src.get(at as usize..).unwrap_or("").strip_prefix('*').unwrap_or("");
+        let name: String = alias.chars().take_while(|c| !c.is_whitespace() && !",[]{}".contains(*c)).collect();
+        format!("unknown anchor `{name}` (an alias `*name` needs an anchor `&name` before it)")
+    }
+
+    fn next(&mut self) -> Result<(Event<'a>, Mark, Mark), Problem> {
+        let (ev, span) = match self.events.next_event() {
+            Some(Ok(ev)) => ev,
+            Some(Err(e)) => return Err(self.error(&e)),
+            None => {
+                return Ok((Event::StreamEnd, self.mark(&sp::Marker::default()), self.mark(&sp::Marker::default())));
+            }
+        };
+        let (start, mut end) = (self.mark(&span.start), self.mark(&span.end));
+        let out = match ev {
+            sp::Event::StreamEnd => Event::StreamEnd,
+            sp::Event::DocumentStart(_) => Event::DocumentStart,
+            sp::Event::Alias(id) => Event::Alias(id),
+            sp::Event::Scalar(value, style, anchor, tag) => {
+                let plain = style == sp::ScalarStyle::Plain;
+                if plain && value.is_empty() {
+                    // An empty value: saphyr spans the token after it; it is nothing, where it starts.
+                    end = start;
+                }
+                // Borrow the text when the source holds it as is (plain, or inside quotes).
+                let (from, to) = (start.at as usize, end.at as usize);
+                let value = match value {
+                    Cow::Borrowed(s) => Cow::Borrowed(s),
+                    Cow::Owned(s) => {
+                        if self.src.get(from..to) == Some(&s) {
+                            Cow::Borrowed(&self.src[from..to])
+                        } else if to > from + 1 && self.src.get(from + 1..to - 1) == Some(&s) {
+                            Cow::Borrowed(&self.src[from + 1..to - 1])
+                        } else {
+                            Cow::Owned(s)
+                        }
+                    }
+                };
+                Event::Scalar { value, plain, anchor, tagged: tag.is_some() }
+            }
+            sp::Event::SequenceStart(anchor, tag) => {
+                self.open.push((false, start.pos, self.is_flow(start, end)));
+                Event::SeqStart { anchor, tagged: tag.is_some() }
+            }
+            sp::Event::MappingStart(anchor, tag) => {
+                self.open.push((true, start.pos, self.is_flow(start, end)));
+                Event::MapStart { anchor, tagged: tag.is_some() }
+            }
+            sp::Event::SequenceEnd => {
+                self.open.pop();
+                Event::SeqEnd
+            }
+            sp::Event::MappingEnd => {
+                self.open.pop();
+                Event::MapEnd
+            }
+            sp::Event::Nothing | sp::Event::StreamStart | sp::Event::DocumentEnd => Event::Other,
+        };
+        Ok((out, start, end))
+    }
     fn document(mut self) -> Result<Option<Node<'a>>, Problem> {
+        self.unprintable()?;
         let mut root = None;
         let mut documents = 0;
         loop {
@@ -351,7 +383,7 @@ impl<'a> Parser<'a> {
                     documents += 1;
                     if documents > 1 {
                         return Err(Problem {
-                            pos: Some(pos_of_mark(&start)),
+                            pos: Some(start.pos),
                             message: "this file holds more than one YAML document (`---`); keep one".into(),
                         });
                     }
@@ -367,7 +399,7 @@ impl<'a> Parser<'a> {
         let mut stack: Vec<Open<'a>> = Vec::new();
         loop {
             let (event, start, end) = self.next()?;
-            let pos = pos_of_mark(&start);
+            let pos = start.pos;
             let tag_error = || Problem {
                 pos: Some(pos),
                 message: "YAML tags (`!name`) are not supported here; remove the tag".into(),
@@ -378,32 +410,22 @@ impl<'a> Parser<'a> {
                 | Event::SeqStart { tagged: true, .. }
                 | Event::MapStart { tagged: true, .. } => return Err(tag_error()),
                 Event::Scalar { value, plain, anchor, .. } => {
-                    let node = Node {
-                        pos,
-                        start: start.index as u32,
-                        end: end.index as u32,
-                        kind: Kind::Scalar { value, plain },
-                    };
+                    let node = Node { pos, start: start.at, end: end.at, kind: Kind::Scalar { value, plain } };
                     self.anchor(anchor, &node);
                     node
                 }
-                Event::Alias(name) => match self.anchors.iter().rev().find(|(a, _)| *a == name) {
+                Event::Alias(id) => match self.anchors.iter().rev().find(|(a, _)| *a == id) {
                     Some((_, node)) => {
                         let node = node.clone();
                         self.made += count(&node);
                         if self.made > 4 * self.src.len() + 1024 {
                             return Err(Problem { pos: Some(pos), message: "aliases expand to too many nodes".into() });
                         }
-                        Node { pos, start: start.index as u32, end: end.index as u32, ..node }
+                        Node { pos, start: start.at, end: end.at, ..node }
                     }
                     None => {
-                        return Err(Problem {
-                            pos: Some(pos),
-                            message: format!(
-                                "unknown anchor `{}` (an alias `*name` needs an anchor `&name` before it)",
-                                String::from_utf8_lossy(&name)
-                            ),
-                        });
+                        // An alias inside the node its anchor names (`&x [*x]`).
+                        return Err(Problem { pos: Some(pos), message: self.unknown_anchor(start.at) });
                     }
                 },
                 Event::SeqStart { anchor, .. } | Event::MapStart { anchor, .. } => {
@@ -413,7 +435,7 @@ impl<'a> Parser<'a> {
                             message: format!("nested more than {MAX_DEPTH} levels deep"),
                         });
                     }
-                    stack.push(Open { pos, start: start.index as u32, anchor, items: Vec::new(), map: is_map });
+                    stack.push(Open { pos, start: start.at, anchor, items: Vec::new(), map: is_map });
                     continue;
                 }
                 Event::SeqEnd | Event::MapEnd => {
@@ -430,11 +452,11 @@ impl<'a> Parser<'a> {
                         items.shrink_to_fit();
                         Kind::Seq(items)
                     };
-                    let node = Node { pos: open.pos, start: open.start, end: end.index as u32, kind };
+                    let node = Node { pos: open.pos, start: open.start, end: end.at, kind };
                     self.anchor(open.anchor, &node);
                     node
                 }
-                Event::StreamEnd | Event::DocumentStart | Event::DocumentEnd | Event::Other => continue,
+                Event::StreamEnd | Event::DocumentStart | Event::Other => continue,
             };
             self.made += 1;
             match stack.last_mut() {
@@ -444,9 +466,10 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn anchor(&mut self, anchor: Option<Box<[u8]>>, node: &Node<'a>) {
-        if let Some(a) = anchor {
-            self.anchors.push((a, node.clone()));
+    fn anchor(&mut self, anchor: usize, node: &Node<'a>) {
+        // saphyr's ids start at 1; 0 is no anchor.
+        if anchor != 0 {
+            self.anchors.push((anchor, node.clone()));
         }
     }
 }
@@ -967,7 +990,8 @@ mod tests {
     }
 
     fn check(text: &str) {
-        let lines = text.split('\n').count();
+        // Lines as YAML counts them (and libyaml did): `\r\n`, a lone `\r` or `\n` ends one.
+        let lines = text.replace("\r\n", "\n").split(['\n', '\r']).count();
         match parse(text) {
             Err(p) => {
                 if let Some(pos) = p.pos {
@@ -1006,6 +1030,30 @@ mod tests {
         assert!(parse("a: 1\n---\nb: 2\n").unwrap_err().message.contains("more than one"));
         let bomb = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\ne: [*d, *d, *d, *d, *d, *d, *d, *d, *d]\n";
         assert!(parse(bomb).unwrap_err().message.contains("too many"));
+    }
+
+    #[test]
+    fn byte_offsets_columns_in_characters_depth_tags_and_control_characters() {
+        let src = "é: [ü, \"ñ x\"]\nb: |\n  z\n";
+        let root = parse(src).unwrap().unwrap();
+        let items = root.get("é").unwrap().items();
+        assert_eq!(items[1].pos, Pos { line: 1, column: 8 });
+        assert_eq!(&src[items[0].start as usize..items[0].end as usize], "ü");
+        assert_eq!(&src[items[1].start as usize..items[1].end as usize], "\"ñ x\"");
+        assert!(matches!(items[1].kind, Kind::Scalar { value: Cow::Borrowed("ñ x"), plain: false }));
+        assert_eq!(root.get("b").unwrap().as_str(), Some("z\n"));
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let e = parse(&deep).unwrap_err();
+        // saphyr refuses flow nesting past 255 while it scans ahead; other nesting stops at MAX_DEPTH.
+        assert!(e.message.contains("nested more than") || e.message.contains("recursion limit"), "{e:?}");
+        let deep: String = (0..200).map(|i| format!("{}- \n", "  ".repeat(i))).collect();
+        assert!(parse(&deep).unwrap_err().message.contains("nested more than 128"));
+        assert!(parse("a: !x 1\n").unwrap_err().message.contains("tags"));
+        assert_eq!(parse("a: 1\nb: \u{7}\n").unwrap_err().pos, Some(Pos { line: 2, column: 4 }));
+        let e = parse("a: &x [*x]\n").unwrap_err();
+        assert!(e.message.contains("unknown anchor `x`") && e.pos == Some(Pos { line: 1, column: 8 }), "{e:?}");
+        let e = parse("a: *nope\n").unwrap_err();
+        assert!(e.message.contains("`nope`") && e.pos == Some(Pos { line: 1, column: 4 }), "{e:?}");
     }
 
     #[derive(serde::Deserialize, Debug)]
