@@ -135,6 +135,16 @@ pub enum Error {
         #[source]
         source: Arc<tokio::task::JoinError>,
     },
+    /// The `serve` proxy cannot start or had to stop: a setting it cannot
+    /// use, an address already in use, the HTTP server failing.
+    #[error("{what}")]
+    Serve {
+        /// What went wrong, with what to fix.
+        what: String,
+        /// The underlying failure, when there is one.
+        #[source]
+        source: Option<Arc<std::io::Error>>,
+    },
 }
 
 impl From<async_openai::error::OpenAIError> for Error {
@@ -156,6 +166,19 @@ impl Error {
     /// The error of a task run with `spawn_blocking` that did not finish.
     pub(crate) fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Error {
         move |e| Error::Task { what, source: Arc::new(e) }
+    }
+
+    /// A proxy error ([`Error::Serve`]) saying `what`.
+    #[cfg(feature = "serve")]
+    pub(crate) fn serve(what: impl Into<String>) -> Self {
+        Error::Serve { what: what.into(), source: None }
+    }
+
+    /// A proxy error saying `what`, caused by `e`.
+    #[cfg(feature = "serve")]
+    pub(crate) fn serve_io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let what = what.into();
+        move |e| Error::Serve { what, source: Some(Arc::new(e)) }
     }
 
     /// True for a request timeout.

@@ -35,7 +35,7 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy over `ctx` with `config`'s `serve:` settings, relaying to
     /// `upstream` (a base URL, `http://` or `https://`).
-    pub fn new(ctx: Arc<McpContext>, config: &Config, upstream: &str) -> anyhow::Result<Proxy> {
+    pub fn new(ctx: Arc<McpContext>, config: &Config, upstream: &str) -> crate::Result<Proxy> {
         let settings = config.serve.clone();
         let hosts = settings.allowed_hosts.clone().map(|h| h.iter().map(|h| h.to_ascii_lowercase()).collect());
         let (upstream, owners) = upstream_and_owners(config, &settings, upstream.to_owned())?;
@@ -55,9 +55,12 @@ fn upstream_and_owners(
     config: &Config,
     settings: &ServeSettings,
     base: String,
-) -> anyhow::Result<(Upstream, Arc<Owners>)> {
+) -> crate::Result<(Upstream, Arc<Owners>)> {
     if !(base.starts_with("http://") || base.starts_with("https://")) {
-        anyhow::bail!("the upstream `{}` must start with http:// or https://", relay::redact(&base));
+        return Err(crate::Error::serve(format!(
+            "the upstream `{}` must start with http:// or https://",
+            relay::redact(&base)
+        )));
     }
     let upstream = Upstream::new(settings, base)?;
     let owners = Arc::new(Owners::new(settings, &config.cache)?);
@@ -65,7 +68,7 @@ fn upstream_and_owners(
 }
 
 /// The Messages API upstream (`serve.anthropic`), if configured.
-fn anthropic(settings: &ServeSettings) -> anyhow::Result<Option<super::messages::Anthropic>> {
+fn anthropic(settings: &ServeSettings) -> crate::Result<Option<super::messages::Anthropic>> {
     super::messages::Anthropic::new(settings)
 }
 
@@ -76,7 +79,7 @@ fn app_state(
     settings: ServeSettings,
     (upstream, owners): (Upstream, Arc<Owners>),
     hosts: Option<Vec<String>>,
-) -> anyhow::Result<Shared> {
+) -> crate::Result<Shared> {
     Ok(Arc::new(AppState {
         anthropic: anthropic(&settings)?,
         ctx,
@@ -93,7 +96,7 @@ fn app_state(
 }
 
 /// Runs the proxy until SIGTERM or Ctrl-C, then drains and closes every MCP server.
-pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
+pub async fn run(config: Config, opts: Options) -> crate::Result<()> {
     let mut settings = config.serve.clone();
     if let Some(l) = opts.listen {
         settings.listen = l;
@@ -103,18 +106,18 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
         .or_else(|| settings.upstream.as_ref().map(|u| secrecy::ExposeSecret::expose_secret(u).to_owned()))
         .or_else(|| std::env::var("OPENAI_BASE_URL").ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| crate::settings::DEFAULT_UPSTREAM.to_owned());
-    let addr: SocketAddr = settings
-        .listen
-        .parse()
-        .map_err(|_| anyhow::anyhow!("listen address `{}` is not IP:PORT (e.g. 127.0.0.1:8787)", settings.listen))?;
+    let addr: SocketAddr = settings.listen.parse().map_err(|_| {
+        crate::Error::serve(format!("listen address `{}` is not IP:PORT (e.g. 127.0.0.1:8787)", settings.listen))
+    })?;
     let (upstream, owners) = upstream_and_owners(&config, &settings, base)?;
     // Signal handlers first: a SIGTERM that arrives while the servers start
     // must still drain and close them, not kill the process and orphan them.
     let signals = Signals::install()?;
     // Bind before connecting to the servers: a port in use fails fast, with no child started.
-    let listener =
-        tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    let local = listener.local_addr()?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| crate::Error::serve(format!("cannot listen on {addr}: {e}")))?;
+    let local = listener.local_addr().map_err(crate::Error::serve_io("cannot read the address listened on"))?;
     let ctx = Arc::new(McpContext::from_config(&config).await?);
     for f in ctx.hub().failures() {
         tracing::warn!(server = %f.server, error = %f.error, "MCP server unavailable; serving without it");
@@ -129,8 +132,9 @@ pub async fn run(config: Config, opts: Options) -> anyhow::Result<()> {
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
-        writeln!(out, "mcp-context serve: listening on http://{local}, upstream {}", state.upstream.redacted())?;
-        out.flush()?;
+        writeln!(out, "mcp-context serve: listening on http://{local}, upstream {}", state.upstream.redacted())
+            .and_then(|()| out.flush())
+            .map_err(crate::Error::serve_io("cannot write to standard output"))?;
     }
     tracing::info!(%local, upstream = %state.upstream.redacted(), "serving");
 
@@ -184,12 +188,14 @@ struct Signals {
 }
 
 impl Signals {
-    fn install() -> anyhow::Result<Self> {
+    fn install() -> crate::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
         Ok(Self {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            hup: signal(SignalKind::hangup())?,
+            term: signal(SignalKind::terminate())
+                .map_err(crate::Error::serve_io("cannot install the signal handlers"))?,
+            int: signal(SignalKind::interrupt())
+                .map_err(crate::Error::serve_io("cannot install the signal handlers"))?,
+            hup: signal(SignalKind::hangup()).map_err(crate::Error::serve_io("cannot install the signal handlers"))?,
         })
     }
 }
@@ -200,7 +206,7 @@ async fn lifecycle(
     state: &Shared,
     signals: Signals,
     server: &mut tokio::task::JoinHandle<std::io::Result<()>>,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     let Signals { mut term, mut int, mut hup } = signals;
     loop {
         tokio::select! {
@@ -210,8 +216,8 @@ async fn lifecycle(
             r = &mut *server => {
                 return match r {
                     Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(anyhow::anyhow!("the HTTP server failed: {e}")),
-                    Err(e) => Err(anyhow::anyhow!("the HTTP server stopped: {e}")),
+                    Ok(Err(e)) => Err(crate::Error::serve(format!("the HTTP server failed: {e}"))),
+                    Err(e) => Err(crate::Error::serve(format!("the HTTP server stopped: {e}"))),
                 };
             }
         }

@@ -57,7 +57,7 @@ pub(super) struct Anthropic {
 
 impl Anthropic {
     /// `None` when `serve.anthropic` is absent (the route then answers 404).
-    pub(super) fn new(s: &ServeSettings) -> anyhow::Result<Option<Self>> {
+    pub(super) fn new(s: &ServeSettings) -> crate::Result<Option<Self>> {
         let Some(a) = &s.anthropic else { return Ok(None) };
         // The shared relay sends no credentials of its own here: ours go in
         // `x-api-key`, set per request below.
@@ -68,7 +68,7 @@ impl Anthropic {
             .as_ref()
             .map(|k| HeaderValue::from_str(secrecy::ExposeSecret::expose_secret(k)))
             .transpose()
-            .map_err(|_| anyhow::anyhow!("serve.anthropic.api_key holds characters an HTTP header cannot carry"))?
+            .map_err(|_| crate::Error::serve("serve.anthropic.api_key holds characters an HTTP header cannot carry"))?
             .map(|mut v| {
                 v.set_sensitive(true);
                 v

@@ -604,4 +604,21 @@ mod tests {
         assert_ne!(a, super::pseudonym("k1-0123456789abcdef", "bob"));
         assert_eq!(a.len(), 64);
     }
+
+    /// A proxy that cannot be built says why in the crate's one error type,
+    /// naming the setting to fix (and never the upstream's credentials).
+    #[tokio::test]
+    async fn a_proxy_with_an_unusable_upstream_is_a_serve_error() {
+        let config = crate::Config::from_yaml("servers: {}\n", std::path::Path::new("/tmp/c.yaml")).unwrap();
+        let ctx = std::sync::Arc::new(crate::McpContext::with_policy(&config, crate::Policy::allow_all()).await);
+        for (upstream, says) in [
+            ("ftp://user:s3cr3t@example.com/v1", "must start with http:// or https://"),
+            ("https://example.com/v1#frag", "must not have a `#fragment`"),
+        ] {
+            let Err(e) = super::Proxy::new(ctx.clone(), &config, upstream) else { panic!("{upstream} was accepted") };
+            assert!(matches!(e, crate::Error::Serve { .. }), "{e:?}");
+            let text = e.to_string();
+            assert!(text.contains(says) && !text.contains("s3cr3t"), "{text}");
+        }
+    }
 }

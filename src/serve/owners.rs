@@ -59,7 +59,7 @@ impl Owners {
     pub(super) fn new(
         settings: &crate::settings::ServeSettings,
         cache: &crate::settings::CacheSettings,
-    ) -> anyhow::Result<Self> {
+    ) -> crate::Result<Self> {
         #[cfg(not(feature = "redis"))]
         let _ = cache;
         Ok(Self {
@@ -143,19 +143,20 @@ struct RedisOwners {
 
 #[cfg(feature = "redis")]
 impl RedisOwners {
-    fn new(cache: &crate::settings::CacheSettings) -> anyhow::Result<Self> {
+    fn new(cache: &crate::settings::CacheSettings) -> crate::Result<Self> {
         let client = match &cache.ca_file {
             None => redis::Client::open(cache.url.expose_secret()),
             Some(f) => {
-                let pem = std::fs::read(f)
-                    .map_err(|e| anyhow::anyhow!("cache.ca_file `{}`: cannot read it: {e}", f.display()))?;
+                let pem = std::fs::read(f).map_err(|e| {
+                    crate::Error::serve(format!("cache.ca_file `{}`: cannot read it: {e}", f.display()))
+                })?;
                 redis::Client::build_with_tls(
                     cache.url.expose_secret(),
                     redis::TlsCertificates { client_tls: None, root_cert: Some(pem) },
                 )
             }
         }
-        .map_err(|e| anyhow::anyhow!("cache.url: {e}"))?;
+        .map_err(|e| crate::Error::serve(format!("cache.url: {e}")))?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(cache.timeout))
             .set_response_timeout(Some(cache.timeout));

@@ -109,13 +109,14 @@ pub(super) struct Base {
 impl Base {
     /// `http(s)://host[:port]/base/path[?query]`; a fragment or credentials
     /// in the URL are refused (they would not be sent as written).
-    pub(super) fn parse(text: &str) -> anyhow::Result<Base> {
-        let url = Url::parse(text).map_err(|e| anyhow::anyhow!("the upstream URL cannot be parsed: {e}"))?;
+    pub(super) fn parse(text: &str) -> crate::Result<Base> {
+        let url =
+            Url::parse(text).map_err(|e| crate::Error::serve(format!("the upstream URL cannot be parsed: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-            anyhow::bail!("the upstream URL must be http:// or https:// with a host");
+            return Err(crate::Error::serve("the upstream URL must be http:// or https:// with a host"));
         }
         if url.fragment().is_some() {
-            anyhow::bail!("the upstream URL must not have a `#fragment`");
+            return Err(crate::Error::serve("the upstream URL must not have a `#fragment`"));
         }
         Ok(Base { url })
     }

@@ -76,20 +76,20 @@ pub(super) struct Relayed {
 }
 
 impl Upstream {
-    pub(super) fn new(s: &ServeSettings, base: String) -> anyhow::Result<Self> {
+    pub(super) fn new(s: &ServeSettings, base: String) -> crate::Result<Self> {
         let client = reqwest::Client::builder()
             // Between two chunks of a body: a stalled upstream ends the relay.
             .read_timeout(s.upstream_timeout)
             .connect_timeout(Duration::from_secs(10).min(s.upstream_timeout))
             .pool_max_idle_per_host(s.max_concurrent_upstream)
             .build()
-            .map_err(|e| anyhow::anyhow!("cannot build the upstream HTTP client: {e}"))?;
+            .map_err(|e| crate::Error::serve(format!("cannot build the upstream HTTP client: {e}")))?;
         let api_key = s
             .upstream_api_key
             .as_ref()
             .map(|k| HeaderValue::from_str(&format!("Bearer {}", k.expose_secret())))
             .transpose()
-            .map_err(|_| anyhow::anyhow!("serve.upstream_api_key holds characters an HTTP header cannot carry"))?
+            .map_err(|_| crate::Error::serve("serve.upstream_api_key holds characters an HTTP header cannot carry"))?
             .map(|mut v| {
                 v.set_sensitive(true);
                 v
@@ -97,7 +97,7 @@ impl Upstream {
         let user_header = s.user_header.as_deref().and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok());
         Ok(Self {
             redacted: redact(&base),
-            base: Base::parse(&base).map_err(|e| anyhow::anyhow!("upstream `{}`: {e}", redact(&base)))?,
+            base: Base::parse(&base).map_err(|e| crate::Error::serve(format!("upstream `{}`: {e}", redact(&base))))?,
             client,
             api_key,
             forward_authorization: s.forward_authorization,
