@@ -5,14 +5,11 @@
 
 #![allow(missing_docs, reason = "criterion_group! generates the entry points")]
 
-use std::time::SystemTime;
-
 use async_openai::types::chat::{ChatCompletionRequestUserMessage, CreateChatCompletionRequestArgs};
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use mcp_context::compose::{ChunkIndex, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS, Query, compose_by_relevance};
 use mcp_context::compose::{DEFAULT_PREAMBLE, TokenCache, Tokenizer, compose};
 use mcp_context::inject::inject_message;
-use mcp_context::resource::Annotations;
 use mcp_context::{ContentPart, Contents, MessageRole, Resource, ResourceId};
 use std::sync::Arc;
 
@@ -33,20 +30,8 @@ fn workload(n: usize) -> Vec<(Resource, Contents)> {
     (0..n)
         .map(|i| {
             let id = ResourceId::new("bench", format!("bench://doc/{i}")).unwrap();
-            let resource = Resource {
-                id,
-                name: format!("doc-{i}"),
-                title: None,
-                description: None,
-                mime_type: Some("text/plain".into()),
-                size: Some(2048),
-                annotations: Annotations::default(),
-                discovered_at: SystemTime::now(),
-            };
-            let contents = Contents {
-                parts: vec![ContentPart::Text { text: text(i, 2048), mime_type: Some("text/plain".into()) }],
-                ..Contents::default()
-            };
+            let resource = Resource::new(id).with_name(format!("doc-{i}")).with_mime_type("text/plain").with_size(2048);
+            let contents = Contents::text(text(i, 2048), Some("text/plain"));
             (resource, contents)
         })
         .collect()

@@ -10,10 +10,9 @@
 #[path = "../examples/bench/policy_gen.rs"]
 mod policy_gen;
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
-use mcp_context::resource::Annotations;
 use mcp_context::{Policy, Resource, ResourceId};
 
 fn sizes() -> Vec<usize> {
@@ -26,15 +25,11 @@ fn sizes() -> Vec<usize> {
 fn resources(n: usize, roles: usize) -> Vec<Resource> {
     policy_gen::resources(n, roles, 7)
         .into_iter()
-        .map(|(server, uri, mime)| Resource {
-            id: ResourceId::new(server, uri).expect("valid id"),
-            name: String::new(),
-            title: None,
-            description: None,
-            mime_type: mime,
-            size: None,
-            annotations: Annotations::default(),
-            discovered_at: SystemTime::now(),
+        .map(|(server, uri, mime)| {
+            mime.into_iter().fold(
+                Resource::new(ResourceId::new(server, uri).expect("valid id")).with_name(""),
+                Resource::with_mime_type,
+            )
         })
         .collect()
 }

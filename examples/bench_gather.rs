@@ -190,28 +190,16 @@ fn thread_cpu() -> Duration {
 
 /// The workload's texts (not its blobs) as cached resources.
 fn cold_items(n: usize, size: usize) -> Vec<(mcp_context::Resource, std::sync::Arc<mcp_context::Contents>)> {
-    use mcp_context::resource::Annotations;
-    use mcp_context::{ContentPart, Contents, Resource, ResourceId};
+    use mcp_context::{Contents, Resource, ResourceId};
     use std::sync::Arc;
     (0..n)
         .filter(|i| !workload::is_blob(*i))
         .map(|i| {
             let text = workload::make_text(workload::resource_seed(workload::DEFAULT_SEED, i), size);
             let id = ResourceId::new("bench", format!("bench://doc/{i}")).expect("id");
-            let resource = Resource {
-                id,
-                name: format!("doc-{i}"),
-                title: None,
-                description: None,
-                mime_type: Some("text/plain".into()),
-                size: Some(size as u64),
-                annotations: Annotations::default(),
-                discovered_at: std::time::SystemTime::now(),
-            };
-            let contents = Contents {
-                parts: vec![ContentPart::Text { text, mime_type: Some("text/plain".into()) }],
-                ..Contents::default()
-            };
+            let resource =
+                Resource::new(id).with_name(format!("doc-{i}")).with_mime_type("text/plain").with_size(size as u64);
+            let contents = Contents::text(text, Some("text/plain"));
             (resource, Arc::new(contents))
         })
         .collect()

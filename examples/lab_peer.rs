@@ -165,6 +165,7 @@ async fn run(multi: bool) {
                     let mime = mime_type.as_deref().or(r.mime_type.as_deref()).unwrap_or("application/octet-stream");
                     context.push_str(&format!("[Binary Data ({mime})]"));
                 }
+                other => panic!("a part of a kind the lab never serves: {other:?}"),
             }
         }
     }

@@ -21,9 +21,8 @@
 mod policy_gen;
 
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
-use mcp_context::resource::Annotations;
 use mcp_context::{Policy, Resource, ResourceId};
 
 fn status_kib(field: &str) -> u64 {
@@ -70,15 +69,11 @@ fn main() {
 
     let resources: Vec<Resource> = policy_gen::resources(n, summary.roles.len(), 7)
         .into_iter()
-        .map(|(server, uri, mime)| Resource {
-            id: ResourceId::new(server, uri).expect("valid id"),
-            name: String::new(),
-            title: None,
-            description: None,
-            mime_type: mime,
-            size: None,
-            annotations: Annotations::default(),
-            discovered_at: SystemTime::now(),
+        .map(|(server, uri, mime)| {
+            mime.into_iter().fold(
+                Resource::new(ResourceId::new(server, uri).expect("valid id")).with_name(""),
+                Resource::with_mime_type,
+            )
         })
         .collect();
     let decide_all = |user: &str| {

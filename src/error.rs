@@ -70,7 +70,13 @@ pub enum Error {
     ServerUnavailable {
         /// The server name.
         server: String,
-        /// Why it failed.
+        /// Why it failed, in words an operator can act on (`cannot start
+        /// \`srv\`: No such file or directory`, `HTTP 401 from
+        /// https://h/mcp`). Text on purpose, not a `source`: the transport's
+        /// own errors name our dependencies' types and may quote a URL with
+        /// its credentials or a header's value; this sentence was built
+        /// from them with the server's secrets scrubbed, and is also what
+        /// the server's status and `/readyz` show.
         cause: String,
     },
     /// The server says the resource does not exist (-32002, or -32602 from
@@ -99,7 +105,8 @@ pub enum Error {
         what: String,
         /// JSON-RPC error code.
         code: i32,
-        /// The server's message.
+        /// The server's message (at most 500 characters, the server's
+        /// secrets scrubbed): data the server sent, not an error of ours.
         message: String,
     },
     /// The connection to the server is gone (process exited, socket closed).
@@ -117,7 +124,8 @@ pub enum Error {
         server: String,
         /// The request.
         what: String,
-        /// Details.
+        /// Details, in words, scrubbed of the server's secrets (text for
+        /// the reason given on [`Error::ServerUnavailable`]'s `cause`).
         message: String,
     },
     /// The LLM endpoint failed.

@@ -22,6 +22,7 @@ pub enum Audience {
 
 /// The MCP annotations we act on.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Annotations {
     /// Intended audience; `None` means everyone.
     pub audience: Option<Vec<Audience>>,
@@ -31,8 +32,10 @@ pub struct Annotations {
     pub last_modified: Option<String>,
 }
 
-/// One listed resource.
+/// One listed resource. Built with [`Resource::new`] and the `with_*`
+/// setters (`#[non_exhaustive]`: fields may be added).
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Resource {
     /// `server:uri`.
     pub id: ResourceId,
@@ -64,6 +67,18 @@ impl Resource {
     /// With this MIME type.
     pub fn with_mime_type(mut self, mime: impl Into<String>) -> Self {
         self.mime_type = Some(mime.into());
+        self
+    }
+
+    /// With this programmatic name (the URI by default).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// With this size in bytes, as a listing gives it.
+    pub fn with_size(mut self, size: u64) -> Self {
+        self.size = Some(size);
         self
     }
 
@@ -135,6 +150,7 @@ mod tests {
 
 /// A resource template (`resources/templates/list`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct ResourceTemplate {
     /// Server name.
     pub server: String,
@@ -155,6 +171,7 @@ pub struct ResourceTemplate {
 /// One part of a read result. Serialisable so that the shared cache can
 /// keep it in Redis.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub enum ContentPart {
     /// Text content.
     Text {
@@ -172,8 +189,11 @@ pub enum ContentPart {
     },
 }
 
-/// What `resources/read` returned for one resource.
+/// What `resources/read` returned for one resource. Built with
+/// [`Contents::new`] or [`Contents::text`] (`#[non_exhaustive]`: fields may
+/// be added).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Contents {
     /// The parts, in the server's order.
     pub parts: Vec<ContentPart>,
@@ -183,4 +203,16 @@ pub struct Contents {
     pub ttl_ms: Option<u64>,
     /// The server's cache hint `cacheScope: private`: never share across users.
     pub private: bool,
+}
+
+impl Contents {
+    /// These parts, in order, with no truncation and no cache hints.
+    pub fn new(parts: Vec<ContentPart>) -> Self {
+        Self { parts, ..Self::default() }
+    }
+
+    /// One text part of this MIME type.
+    pub fn text(text: impl Into<String>, mime_type: Option<&str>) -> Self {
+        Self::new(vec![ContentPart::Text { text: text.into(), mime_type: mime_type.map(str::to_owned) }])
+    }
 }

@@ -245,7 +245,7 @@ impl Config {
             match servers::server(&cx, name, &s) {
                 Ok(Some(server)) => servers.push(server),
                 Ok(None) => {}
-                Err(e) => found.push(e),
+                Err(errors) => errors.into_iter().for_each(|e| found.push(e)),
             }
         }
         let context = raw.context.0.flatten().unwrap_or_default();

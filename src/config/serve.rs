@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::config_error;
 use super::env::{expand_vars, unexpanded};
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::id::user_name_problem;
 use crate::yaml::{self, Node, Pos};
 
@@ -336,36 +336,50 @@ pub(super) fn settings(
         }
         keys.push(KeyDigest { sha256: sha256.to_vec().into(), user: k.user.clone() });
     }
-    // The keys file stops at its first problem (it is another file).
-    let from_file = |file: &str| -> Result<Vec<KeyDigest>> {
-        let mut keys = Vec::new();
+    // The keys file: every problem in it, each located in that file.
+    let from_file = |file: &str| -> std::result::Result<Vec<KeyDigest>, Vec<Error>> {
         let file = base.join(file);
         let text = std::fs::read_to_string(&file)
-            .map_err(|e| config_error(&file, None, format!("cannot read serve.keys_file: {e}")))?;
+            .map_err(|e| vec![config_error(&file, None, format!("cannot read serve.keys_file: {e}"))])?;
         let file_err = |pos: Option<Pos>, message: String| config_error(&file, pos, message);
-        let root = yaml::parse(&text).map_err(|p| file_err(p.pos, p.message))?;
-        let list: Vec<RawKey> = match &root {
-            None => Vec::new(),
-            Some(root) => yaml::from_node_strict(root)
-                .map_err(|p| file_err(p.pos, format!("{} (expected a list of {{ sha256, user }})", p.message)))?,
+        let root = yaml::parse(&text).map_err(|p| vec![file_err(p.pos, p.message)])?;
+        let Some(root) = root else { return Ok(Vec::new()) };
+        let problems = yaml::Problems::default();
+        let list = yaml::from_node::<Vec<yaml::Lenient<RawKey>>>(&root, &problems);
+        let mut errors: Vec<Error> = problems
+            .into_vec()
+            .into_iter()
+            .map(|p| file_err(p.pos, format!("{} (expected a list of {{ sha256, user }})", p.message)))
+            .collect();
+        let list = match list {
+            Ok(list) => list,
+            Err(p) if errors.is_empty() => {
+                return Err(vec![file_err(p.pos, format!("{} (expected a list of {{ sha256, user }})", p.message))]);
+            }
+            Err(_) => return Err(errors),
         };
-        let items = root.as_ref().map_or(&[][..], |r| r.items());
+        let items = root.items();
+        let mut keys = Vec::new();
         for (i, k) in list.into_iter().enumerate() {
+            let Some(k) = k.0 else { continue };
             let pos = items.get(i).map(|n| n.get("sha256").unwrap_or(n).pos);
-            let sha256 = parse_digest(&k.sha256)
-                .ok_or_else(|| file_err(pos, format!("`{}` is not a SHA-256 hex digest (64 hex digits)", k.sha256)))?;
+            let Some(sha256) = parse_digest(&k.sha256) else {
+                errors.push(file_err(pos, format!("`{}` is not a SHA-256 hex digest (64 hex digits)", k.sha256)));
+                continue;
+            };
             if let Some(problem) = user_name_problem(&k.user) {
                 let pos = items.get(i).map(|n| n.get("user").unwrap_or(n).pos);
-                return Err(file_err(pos, problem));
+                errors.push(file_err(pos, problem));
+                continue;
             }
             keys.push(KeyDigest { sha256: sha256.to_vec().into(), user: k.user });
         }
-        Ok(keys)
+        if errors.is_empty() { Ok(keys) } else { Err(errors) }
     };
     if let Some(file) = &raw.keys_file {
         match from_file(file) {
             Ok(more) => keys.extend(more),
-            Err(e) => fail(e),
+            Err(errors) => errors.into_iter().for_each(fail),
         }
     }
     if raw.forward_authorization && !keys.is_empty() {

@@ -15,7 +15,7 @@ use super::{
     DEFAULT_CACHE_TTL_MS, DEFAULT_MAX_CONCURRENT_READS, DEFAULT_MAX_CONCURRENT_READS_HTTP, DEFAULT_TIMEOUT_MS,
 };
 use crate::cause::redact_url;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::id::validate_server_name;
 use crate::yaml::{self, Named, Node, Pos};
 
@@ -86,13 +86,18 @@ pub enum Transport {
     },
 }
 
+/// The one hand-written redacting `Debug` left in the config (the others
+/// became `secrecy` types): `env` and header values, `args` and `command`
+/// are all `${VAR}`-expanded and may hold a secret, yet every one is needed
+/// in the clear to start the server, and wrapping each string would move
+/// `expose_secret` into every test and call site for no gain in safety.
 impl fmt::Debug for Transport {
-    /// Never prints `env` or header values: they hold secrets.
+    /// Never prints `env` or header values, nor the arguments: they may hold secrets.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Transport::Stdio { command, args, env, cwd, .. } => f
+            Transport::Stdio { command_display, args, env, cwd, .. } => f
                 .debug_struct("Stdio")
-                .field("command", command)
+                .field("command", command_display)
                 .field("args", &args.len())
                 .field("env", &env.keys().collect::<Vec<_>>())
                 .field("cwd", cwd)
@@ -215,9 +220,15 @@ pub(super) struct Cx<'a> {
 }
 
 /// One server entry checked and resolved: `None` when it is `disabled`;
-/// the first problem of the entry otherwise.
-pub(super) fn server(cx: &Cx<'_>, name: String, s: &RawServer) -> Result<Option<ServerConfig>> {
+/// every problem of the entry otherwise (a check that needs a value an
+/// earlier one refused is skipped, so nothing is reported twice).
+pub(super) fn server(
+    cx: &Cx<'_>,
+    name: String,
+    s: &RawServer,
+) -> std::result::Result<Option<ServerConfig>, Vec<Error>> {
     let root = cx.root;
+    let errors = std::cell::RefCell::new(Vec::new());
     let err = |line: Option<usize>, column: Option<usize>, message: String| Error::Config {
         path: cx.path.to_owned(),
         line,
@@ -225,43 +236,55 @@ pub(super) fn server(cx: &Cx<'_>, name: String, s: &RawServer) -> Result<Option<
         message,
         more: Vec::new(),
     };
+    let fail = |line: Option<usize>, column: Option<usize>, message: String| {
+        errors.borrow_mut().push(err(line, column, message));
+    };
     let at = |pos: Option<Pos>| (pos.map(|p| p.line), pos.map(|p| p.column));
     let servers_node = root.get("servers").or_else(|| root.get("mcpServers"));
     // Values recorded for an earlier entry that failed are not this one's.
     drop(cx.expander.take_secrets());
-    let expand = |s: &str, server: &str| -> Result<String> {
-        cx.expander.expand(s).map_err(|token| {
+    // `${VAR}` expanded; an unset one is recorded, and stands as "" for the checks that follow.
+    let expand = |s: &str, server: &str| -> String {
+        cx.expander.expand(s).unwrap_or_else(|token| {
             let node = servers_node.and_then(|n| n.get(server)).unwrap_or(root);
             let (line, column) = at(Some(yaml::pos_within(cx.src, node, &format!("${{{token}}}"))));
-            err(line, column, format!("server `{server}`: {}", unexpanded(&token)))
+            fail(line, column, format!("server `{server}`: {}", unexpanded(&token)));
+            String::new()
         })
     };
     // Where the server is named: its key, as the parser saw it.
     let server_node = servers_node.and_then(|n| n.get(&name));
+    let value_at =
+        |key: &str, (line, column): (Option<usize>, Option<usize>)| match server_node.and_then(|n| n.get(key)) {
+            Some(v) => (Some(v.pos.line), Some(v.pos.column)),
+            None => (line, column),
+        };
     let (at, at_col) = at(servers_node.and_then(|n| n.key_at(&name, 0)).map(|k| k.pos));
-    validate_server_name(&name).map_err(|m| err(at, at_col, format!("invalid server name: {m}")))?;
+    if let Err(m) = validate_server_name(&name) {
+        return Err(vec![err(at, at_col, format!("invalid server name: {m}"))]);
+    }
     if s.disabled {
         return Ok(None);
     }
     let transport = match (&s.command, &s.url) {
         (Some(_), Some(_)) => {
-            return Err(err(at, at_col, format!("server `{name}` has both `command` and `url`; keep one")));
+            fail(at, at_col, format!("server `{name}` has both `command` and `url`; keep one"));
+            None
         }
         (None, None) => {
-            return Err(err(at, at_col, format!("server `{name}` needs `command` (stdio) or `url` (Streamable HTTP)")));
+            fail(at, at_col, format!("server `{name}` needs `command` (stdio) or `url` (Streamable HTTP)"));
+            None
         }
         (Some(cmd), None) => {
             if let Some(k) = s.kind.as_deref().filter(|k| *k != "stdio") {
-                return Err(err(
-                    at,
-                    at_col,
-                    format!("server `{name}` has `command` but `type: {k}`; use `type: stdio`"),
-                ));
+                let (line, column) = value_at("type", (at, at_col));
+                fail(line, column, format!("server `{name}` has `command` but `type: {k}`; use `type: stdio`"));
             }
             if !s.headers.is_empty() {
-                return Err(err(at, at_col, format!("server `{name}`: `headers` only apply to `url` servers")));
+                let (line, column) = value_at("headers", (at, at_col));
+                fail(line, column, format!("server `{name}`: `headers` only apply to `url` servers"));
             }
-            let command = expand(cmd, &name)?;
+            let command = expand(cmd, &name);
             let command = if command.contains('/') && Path::new(&command).is_relative() {
                 cx.abs_base.join(&command).to_string_lossy().into_owned()
             } else {
@@ -269,34 +292,37 @@ pub(super) fn server(cx: &Cx<'_>, name: String, s: &RawServer) -> Result<Option<
             };
             let mut env_out = BTreeMap::new();
             for (k, v) in &s.env {
-                env_out.insert(k.clone(), expand(v, &name)?);
+                env_out.insert(k.clone(), expand(v, &name));
             }
             if let Some(file) = &s.env_file {
-                let file = cx.abs_base.join(expand(file, &name)?);
-                let value = server_node.and_then(|n| n.get("envFile"));
-                let (line, column) = value.map_or((at, at_col), |v| (Some(v.pos.line), Some(v.pos.column)));
+                let file = cx.abs_base.join(expand(file, &name));
+                let (line, column) = value_at("envFile", (at, at_col));
                 let vars = dotenvy::from_path_iter(&file).and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>());
-                let vars = vars.map_err(|e| {
-                    err(line, column, format!("server `{name}`: cannot read envFile `{}`: {e}", file.display()))
-                })?;
-                for (k, v) in vars {
-                    cx.expander.record(&v);
-                    // `env` wins over the file, as in VS Code.
-                    env_out.entry(k).or_insert(v);
+                match vars {
+                    Ok(vars) => {
+                        for (k, v) in vars {
+                            cx.expander.record(&v);
+                            // `env` wins over the file, as in VS Code.
+                            env_out.entry(k).or_insert(v);
+                        }
+                    }
+                    Err(e) => {
+                        fail(line, column, format!("server `{name}`: cannot read envFile `{}`: {e}", file.display()))
+                    }
                 }
             }
             let cwd = match s.cwd.as_deref() {
-                Some(c) => cx.abs_base.join(expand(c, &name)?),
+                Some(c) => cx.abs_base.join(expand(c, &name)),
                 None => cx.abs_base.to_path_buf(),
             };
-            Transport::Stdio {
+            Some(Transport::Stdio {
                 command,
                 command_display: cmd.clone(),
-                args: s.args.iter().map(|a| expand(a, &name)).collect::<Result<_>>()?,
+                args: s.args.iter().map(|a| expand(a, &name)).collect(),
                 env: env_out,
                 inherit_env: s.inherit_env.clone(),
                 cwd: Some(cwd),
-            }
+            })
         }
         (None, Some(url)) => {
             if let Some(k) = s
@@ -304,38 +330,41 @@ pub(super) fn server(cx: &Cx<'_>, name: String, s: &RawServer) -> Result<Option<
                 .as_deref()
                 .filter(|k| !matches!(*k, "http" | "streamable-http" | "streamableHttp" | "streamable_http" | "sse"))
             {
-                return Err(err(
-                    at,
-                    at_col,
+                let (line, column) = value_at("type", (at, at_col));
+                fail(
+                    line,
+                    column,
                     format!("server `{name}`: `type: {k}` is not supported; use Streamable HTTP (`type: http`)"),
-                ));
+                );
             }
             if !s.args.is_empty() || !s.env.is_empty() || s.cwd.is_some() || s.env_file.is_some() {
-                return Err(err(
+                fail(
                     at,
                     at_col,
                     format!("server `{name}`: `args`, `env`, `envFile` and `cwd` only apply to `command` servers"),
-                ));
+                );
             }
-            let url = expand(url, &name)?;
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
+            let before = errors.borrow().len();
+            let url = expand(url, &name);
+            // An unset variable was reported already; the URL it left is not the user's.
+            if errors.borrow().len() == before && !(url.starts_with("http://") || url.starts_with("https://")) {
                 // Point at the value as written.
                 let value = server_node.and_then(|n| n.get("url").or_else(|| n.get("httpUrl")));
                 let (line, column) = match value {
                     Some(v) => (Some(v.pos.line), Some(v.pos.column)),
                     None => (at, at_col),
                 };
-                return Err(err(
+                fail(
                     line,
                     column,
                     format!("server `{name}`: url must start with http:// or https:// (got `{}`)", redact_url(&url)),
-                ));
+                );
             }
             let mut headers = BTreeMap::new();
             for (k, v) in &s.headers {
-                headers.insert(k.clone(), expand(v, &name)?);
+                headers.insert(k.clone(), expand(v, &name));
             }
-            Transport::Http { url, headers, sse: s.kind.as_deref() == Some("sse") }
+            Some(Transport::Http { url, headers, sse: s.kind.as_deref() == Some("sse") })
         }
     };
     let mut timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
@@ -345,29 +374,33 @@ pub(super) fn server(cx: &Cx<'_>, name: String, s: &RawServer) -> Result<Option<
         timeout_ms *= 1000;
     }
     if timeout_ms == 0 {
-        return Err(err(at, at_col, format!("server `{name}`: timeout_ms must be at least 1")));
+        let (line, column) = value_at("timeout_ms", (at, at_col));
+        fail(line, column, format!("server `{name}`: timeout_ms must be at least 1"));
     }
     let reads = s.max_concurrent_reads.unwrap_or(match transport {
-        Transport::Http { .. } => DEFAULT_MAX_CONCURRENT_READS_HTTP,
-        Transport::Stdio { .. } => DEFAULT_MAX_CONCURRENT_READS,
+        Some(Transport::Http { .. }) => DEFAULT_MAX_CONCURRENT_READS_HTTP,
+        _ => DEFAULT_MAX_CONCURRENT_READS,
     });
     if reads == 0 {
-        return Err(err(at, at_col, format!("server `{name}`: max_concurrent_reads must be at least 1")));
+        let (line, column) = value_at("max_concurrent_reads", (at, at_col));
+        fail(line, column, format!("server `{name}`: max_concurrent_reads must be at least 1"));
     }
     let protocol = match s.protocol.as_deref() {
         None => Protocol::Auto,
-        Some(p) => Protocol::parse(p).ok_or_else(|| {
+        Some(p) => Protocol::parse(p).unwrap_or_else(|| {
             // Point at the value as written.
-            let (line, column) = match server_node.and_then(|n| n.get("protocol")) {
-                Some(v) => (Some(v.pos.line), Some(v.pos.column)),
-                None => (at, at_col),
-            };
-            err(
+            let (line, column) = value_at("protocol", (at, at_col));
+            fail(
                 line,
                 column,
                 format!("server `{name}`: protocol must be one of {} (got `{p}`)", Protocol::NAMES.join(", ")),
-            )
-        })?,
+            );
+            Protocol::Auto
+        }),
+    };
+    let errors = errors.into_inner();
+    let Some(transport) = transport.filter(|_| errors.is_empty()) else {
+        return Err(errors);
     };
     let mut server_secrets = cx.expander.take_secrets();
     server_secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));

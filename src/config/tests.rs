@@ -363,6 +363,35 @@ mod all_problems {
         assert_eq!(starts, ["c.yaml:2:13", "c.yaml:3:19", "c.yaml:4:17", "c.yaml:6:17"], "{text}");
     }
 
+    /// Within one server entry, every problem is reported (not only the
+    /// entry's first), each at the value at fault.
+    #[test]
+    fn every_problem_of_one_server_is_reported() {
+        let src = "servers:\n  a:\n    command: ${NOPE}\n    headers: { X: y }\n    timeout_ms: 0\n    max_concurrent_reads: 0\n    protocol: 1999\n";
+        let e = Config::from_yaml_with_env(src, Path::new("c.yaml"), &|_| None).unwrap_err();
+        let text = e.to_string();
+        let starts: Vec<&str> = text.lines().map(|l| l.split(": ").next().unwrap()).collect();
+        assert_eq!(starts, ["c.yaml:3:14", "c.yaml:4:14", "c.yaml:5:17", "c.yaml:6:27", "c.yaml:7:15"], "{text}");
+        assert!(text.contains("NOPE") && text.contains("`headers` only apply to `url` servers"), "{text}");
+    }
+
+    /// A keys file with several bad entries reports each, in that file.
+    #[test]
+    fn every_bad_entry_of_a_keys_file_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("keys.yaml"),
+            "- { sha256: nothex, user: ann }\n- { sha256: aa, user: bob }\n- { sha256: x, colour: red }\n",
+        )
+        .unwrap();
+        let path = dir.path().join("c.yaml");
+        let e = Config::from_yaml_with_env("serve:\n  keys_file: keys.yaml\n", &path, &|_| None).unwrap_err();
+        let text = e.to_string();
+        let keys = dir.path().join("keys.yaml").display().to_string();
+        let starts: Vec<String> = text.lines().map(|l| l.split(": ").next().unwrap().replace(&keys, "k")).collect();
+        assert_eq!(starts, ["k:1:13", "k:2:13", "k:3:16"], "{text}");
+    }
+
     /// A file with one problem reads as before: one line.
     #[test]
     fn one_problem_is_one_line() {

@@ -12,6 +12,7 @@
 //! May import: the hub (its read), resource types, tokio.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -28,6 +29,10 @@ pub(crate) type Decide = Arc<dyn Fn(&Resource) -> bool + Send + Sync>;
 #[derive(Default)]
 pub(super) struct ReadAhead {
     state: Mutex<Option<State>>,
+    /// False once stopped (or never started): every [`Hub::read`](super::Hub::read)
+    /// asks [`ReadAhead::take`], and a hub that does not read ahead must not
+    /// pay a lock for it.
+    on: AtomicBool,
 }
 
 struct State {
@@ -42,7 +47,8 @@ struct Pending {
 
 impl ReadAhead {
     pub(super) fn new(decide: Option<Decide>) -> Self {
-        Self { state: Mutex::new(decide.map(|decide| State { decide, pending: HashMap::new() })) }
+        let on = AtomicBool::new(decide.is_some());
+        Self { state: Mutex::new(decide.map(|decide| State { decide, pending: HashMap::new() })), on }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<State>> {
@@ -80,12 +86,16 @@ impl ReadAhead {
 
     /// The read started ahead for `id`, if any (each is handed out once).
     pub(super) fn take(&self, id: &ResourceId) -> Option<oneshot::Receiver<Result<Contents>>> {
+        if !self.on.load(Ordering::Acquire) {
+            return None;
+        }
         self.lock().as_mut()?.pending.remove(id).map(|p| p.result)
     }
 
     /// Ends reading ahead: no more reads start, and those nobody took are
     /// cancelled (their servers are told) and their results dropped.
     pub(super) fn stop(&self) {
+        self.on.store(false, Ordering::Release);
         if let Some(state) = self.lock().take() {
             for p in state.pending.into_values() {
                 p.task.abort();

@@ -9,6 +9,14 @@
 //! are replaced, every other one goes upstream byte for byte (integers past
 //! 64 bits, key order, `1.0` vs `1`). A body with a key twice is refused: the
 //! proxy and the upstream could each read a different one.
+//!
+//! Why not tower-http's `RequestBodyLimitLayer`: the limit here is one of
+//! three checks made on the same bytes as they arrive (size, the time from
+//! first byte to last, the budget shared by every request, each refused
+//! with its own status and OpenAI-shaped error), and the limit depends on
+//! who is calling (`max_unidentified_body_bytes` before an identity is
+//! known). The layer would count the same bytes a second time and answer
+//! with a bare 413 of its own shape.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -75,6 +75,7 @@ async fn bench_server_is_a_real_mcp_server_with_that_workload() {
             parts.push(match p {
                 ContentPart::Text { text, .. } => text,
                 ContentPart::Blob { mime_type, .. } => format!("[Binary Data ({})]", mime_type.unwrap_or_default()),
+                other => panic!("a part of a kind the workload never serves: {other:?}"),
             });
         }
     }

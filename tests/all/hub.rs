@@ -282,6 +282,7 @@ async fn reference_server_everything() {
             match p {
                 ContentPart::Text { .. } => texts += 1,
                 ContentPart::Blob { .. } => blobs += 1,
+                other => panic!("a part of an unknown kind: {other:?}"),
             }
         }
     }
