@@ -143,6 +143,12 @@ pub enum Error {
         #[source]
         source: Arc<tokio::task::JoinError>,
     },
+    /// The trace exporter (`telemetry:`) cannot start.
+    #[error("telemetry: {what}")]
+    Telemetry {
+        /// What went wrong, with what to fix.
+        what: String,
+    },
     /// The `serve` proxy cannot start or had to stop: a setting it cannot
     /// use, an address already in use, the HTTP server failing.
     #[error("{what}")]

@@ -77,6 +77,7 @@ mod report;
 pub mod resource;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod telemetry;
 mod tokenize;
 pub mod tools;
 mod yaml;
@@ -105,6 +106,7 @@ pub mod settings {
         DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST,
         KeyDigest, PassthroughRule, Protocol, ServeSettings, ServerConfig, Transport, UpstreamUser,
     };
+    pub use crate::config::{DEFAULT_SERVICE_NAME, TelemetrySettings};
 }
 
 /// Who may see what: the compiled policy ([`Policy`] is at the crate root),

@@ -11,6 +11,9 @@
 //! failed"; 2 a usage error; 128 + the signal's number when interrupted
 //! (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
 
+// The layered subscriber's type (logs, traces and their filters) is deep.
+#![recursion_limit = "256"]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -132,7 +135,6 @@ enum PolicyCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.verbose);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -169,7 +171,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(verbose: u8) {
+/// The log filter: `MCP_CONTEXT_LOG`, else by `-v`.
+fn log_filter(verbose: u8) -> tracing_subscriber::EnvFilter {
     // rmcp's own logs can carry request URLs (and so query-string keys):
     // they stay off unless asked for by name in MCP_CONTEXT_LOG.
     let default = match verbose {
@@ -177,15 +180,75 @@ fn init_tracing(verbose: u8) {
         1 => "info,rmcp=off",
         _ => "debug,rmcp=off,process_wrap=off",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("MCP_CONTEXT_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(colour_on_stderr());
+    tracing_subscriber::EnvFilter::try_from_env("MCP_CONTEXT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+}
+
+/// The log lines on stderr.
+fn log_layer<S>(verbose: u8) -> impl tracing_subscriber::Layer<S> + Send + Sync
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer;
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
+    let layer = layer.with_ansi(colour_on_stderr());
     // Without -v only warnings show: a timestamp is noise next to `warning:` lines.
-    let _ = if verbose == 0 { builder.without_time().try_init() } else { builder.try_init() };
+    let layer = if verbose == 0 { layer.without_time().boxed() } else { layer.boxed() };
+    layer.with_filter(log_filter(verbose))
+}
+
+/// Logs only: what a config load may warn about, before the config says
+/// whether traces are exported.
+fn log_subscriber(verbose: u8) -> impl tracing::Subscriber + Send + Sync {
+    use tracing_subscriber::layer::SubscriberExt;
+    tracing_subscriber::registry().with(log_layer(verbose))
+}
+
+/// Installs the logs and, with `telemetry:` in the config (and the `otel`
+/// feature), the OTLP exporter of traces, whose handle flushes them at the
+/// end. Called once, when the command knows its config.
+fn init_tracing(verbose: u8, telemetry: Option<&mcp_context::settings::TelemetrySettings>) -> anyhow::Result<Tracing> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let logs = tracing_subscriber::registry().with(log_layer(verbose));
+    #[cfg(feature = "otel")]
+    if let Some(settings) = telemetry {
+        let (traces, handle) = mcp_context::telemetry::otlp_layer(settings)?;
+        let _ = logs.with(traces).try_init();
+        return Ok(Tracing(Some(handle)));
+    }
+    #[cfg(not(feature = "otel"))]
+    if telemetry.is_some() {
+        anyhow::bail!("telemetry: this build has no trace exporter (feature `otel`)");
+    }
+    let _ = logs.try_init();
+    Ok(Tracing(None))
+}
+
+/// The trace exporter, when there is one: flushed by [`Tracing::end`].
+struct Tracing(
+    #[cfg(feature = "otel")] Option<mcp_context::telemetry::Telemetry>,
+    #[cfg(not(feature = "otel"))] Option<()>,
+);
+
+impl Tracing {
+    /// Sends the spans still buffered (off the runtime's threads: the export waits on them).
+    async fn end(self) {
+        #[cfg(feature = "otel")]
+        if let Some(t) = self.0 {
+            let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+        }
+    }
+}
+
+/// `serve hash-key`: needs no config.
+fn is_hash_key(command: &Command) -> bool {
+    #[cfg(feature = "serve")]
+    if let Command::Serve { command: Some(ServeCommand::HashKey { .. }), .. } = command {
+        return true;
+    }
+    let _ = command;
+    false
 }
 
 /// ANSI colour only for a terminal, and never with `NO_COLOR` set (no-color.org).
@@ -199,6 +262,11 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if matches!(cli.command, Command::DemoServer | Command::Policy { command: PolicyCommand::Check { path: Some(_) } })
+        || is_hash_key(&cli.command)
+    {
+        init_tracing(cli.verbose, None)?;
+    }
     if let Command::DemoServer = cli.command {
         tokio::select! {
             r = mcp_context::demo::serve_stdio() => r?,
@@ -222,7 +290,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let config_path = Config::locate(cli.config.as_deref());
-    let config = Config::load(&config_path)?;
+    let config = tracing::subscriber::with_default(log_subscriber(cli.verbose), || Config::load(&config_path))?;
+    let tracing = init_tracing(cli.verbose, config.telemetry.as_ref())?;
+    let result = command(cli, config).await;
+    tracing.end().await;
+    result
+}
+
+/// The commands that read the config.
+async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::List { server, json } => {
             let config = only_server(config, server.as_deref())?;

@@ -33,6 +33,7 @@ mod env;
 mod host;
 mod serve;
 mod servers;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 
@@ -51,6 +52,7 @@ pub use self::serve::{
 };
 use self::servers::RawServer;
 pub use self::servers::{Protocol, ServerConfig, Transport};
+pub use self::telemetry::{DEFAULT_SERVICE_NAME, TelemetrySettings};
 use crate::error::{Error, Result};
 pub(crate) use crate::mode::SelectMode;
 use crate::yaml::{self, Lenient, Node, OrderedMap, Pos, Problems};
@@ -110,6 +112,8 @@ struct RawConfig {
     serve: Lenient<Option<RawServe>>,
     #[serde(default)]
     cache: Lenient<Option<RawCache>>,
+    #[serde(default)]
+    telemetry: Lenient<Option<telemetry::RawTelemetry>>,
 }
 
 /// Every problem found in one config file (and the `keys_file` it names).
@@ -185,6 +189,8 @@ pub struct Config {
     pub serve: ServeSettings,
     /// The `cache:` section (the in-process cache only when absent).
     pub cache: CacheSettings,
+    /// The `telemetry:` section (no traces exported when absent).
+    pub telemetry: Option<TelemetrySettings>,
 }
 
 impl Config {
@@ -268,8 +274,21 @@ impl Config {
                 })
             }
         };
+        let telemetry = raw.telemetry.0.flatten().and_then(|raw| {
+            telemetry::settings(raw, root.get("telemetry").unwrap_or(&root), path, env)
+                .map_err(|problems| problems.into_iter().for_each(|e| found.push(e)))
+                .ok()
+        });
         found.finish()?;
-        Ok(Config { path: path.to_owned(), servers, policy: raw.policy.map(|p| base.join(p)), context, serve, cache })
+        Ok(Config {
+            path: path.to_owned(),
+            servers,
+            policy: raw.policy.map(|p| base.join(p)),
+            context,
+            serve,
+            cache,
+            telemetry,
+        })
     }
 
     /// The server of that name.

@@ -392,6 +392,28 @@ mod all_problems {
         assert_eq!(starts, ["k:1:13", "k:2:13", "k:3:16"], "{text}");
     }
 
+    /// `telemetry:`: every bad value located, and a good section read.
+    #[test]
+    fn telemetry_values_are_checked() {
+        let src = "telemetry:\n  otlp_endpoint: grpc://c:4317\n  sample_ratio: 1.5\n  service_name: \" \"\n";
+        let e = Config::from_yaml_with_env(src, Path::new("c.yaml"), &|_| None).unwrap_err();
+        let text = e.to_string();
+        let starts: Vec<&str> = text.lines().map(|l| l.split(": ").next().unwrap()).collect();
+        assert_eq!(starts, ["c.yaml:2:18", "c.yaml:3:17", "c.yaml:4:17"], "{text}");
+        let c = Config::from_yaml_with_env(
+            "telemetry:\n  otlp_endpoint: http://${HOST}:4318/\n",
+            Path::new("c.yaml"),
+            &|k| (k == "HOST").then(|| "collector".to_owned()),
+        )
+        .unwrap();
+        let t = c.telemetry.unwrap();
+        assert_eq!((t.traces_url().as_str(), t.sample_ratio), ("http://collector:4318/v1/traces", 1.0));
+        assert_eq!(t.service_name, "mcp-context");
+        assert!(
+            Config::from_yaml_with_env("servers: {}\n", Path::new("c.yaml"), &|_| None).unwrap().telemetry.is_none()
+        );
+    }
+
     /// A file with one problem reads as before: one line.
     #[test]
     fn one_problem_is_one_line() {

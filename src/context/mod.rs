@@ -356,23 +356,44 @@ impl McpContext {
         query: Option<Query>,
     ) -> Result<(Option<ContextMessage>, Report)> {
         let query = req.query.as_deref().map(Query::text).or(query);
-        let built = self.run(req, query).await;
+        let span = tracing::info_span!(
+            "mcp_context.inject",
+            user = ?req.user,
+            warm = tracing::field::Empty,
+            included = tracing::field::Empty,
+            tokens = tracing::field::Empty,
+        );
+        let built = tracing::Instrument::instrument(self.run(req, query), span.clone()).await;
+        if let Ok((_, report)) = &built {
+            // OpenTelemetry takes signed integers (an unsigned one would become text).
+            span.record("included", report.included.len() as i64).record("tokens", report.tokens as i64);
+        }
         // Reads started ahead serve the first build only.
         self.hub.stop_reading_ahead();
         built
     }
 
     async fn run(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
+        use tracing::{Instrument, info_span};
         let run = Run::start(self, req, query);
         if let Some(answer) = run.warm() {
+            tracing::Span::current().record("warm", true);
             return Ok(answer);
         }
+        tracing::Span::current().record("warm", false);
         let prepared = run.prepare().await?;
-        let selection = run.select(&prepared);
+        let selection = info_span!("mcp_context.select").in_scope(|| run.select(&prepared));
         let t_select = run.elapsed();
-        let reads = run.read(&selection).await;
+        let span = info_span!(
+            "mcp_context.read",
+            resources = selection.resources.len() as i64,
+            cache_hits = tracing::field::Empty
+        );
+        let reads = run.read(&selection).instrument(span.clone()).await;
+        span.record("cache_hits", reads.hits() as i64);
         let t_read = run.elapsed();
-        let (composed, derived) = run.compose(&prepared, &selection, &reads).await?;
+        let (composed, derived) =
+            run.compose(&prepared, &selection, &reads).instrument(info_span!("mcp_context.compose")).await?;
         Ok(run.finish(prepared, &selection, reads, (&composed, derived), (t_select, t_read)))
     }
 

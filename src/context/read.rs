@@ -44,7 +44,27 @@ pub(super) async fn read_within_deadline(
             .max(1)
             * 2;
         futures::stream::iter(idx)
-            .map(move |i| async move { (i, cache.read(&selected[i].id, user).await) })
+            .map(move |i| {
+                // One span per read past the in-process cache: the shared
+                // cache's answer or the server's (`mcp.read`, with the MCP
+                // request's `_meta` carrying its trace context).
+                let id = &selected[i].id;
+                let span =
+                    tracing::info_span!("mcp.read", server = %id.server, uri = %id.uri, cache = tracing::field::Empty);
+                tracing::Instrument::instrument(
+                    async move {
+                        let got = cache.read(id, user).await;
+                        let cache = match &got {
+                            Ok(c) if c.origin == crate::cache::Origin::Shared => "shared_hit",
+                            Ok(_) => "miss",
+                            Err(_) => "error",
+                        };
+                        tracing::Span::current().record("cache", cache);
+                        (i, got)
+                    },
+                    span,
+                )
+            })
             .buffer_unordered(window)
             .boxed()
     }));

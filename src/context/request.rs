@@ -67,6 +67,13 @@ pub(super) struct Reads {
     connections: Connections,
 }
 
+impl Reads {
+    /// How many selected resources the in-process cache answered up front.
+    pub(super) fn hits(&self) -> usize {
+        self.hits
+    }
+}
+
 impl<'a> Run<'a> {
     /// Starts `req`, ranking by `query` in relevance mode.
     pub(super) fn start(ctx: &'a McpContext, req: &'a ContextRequest, query: Option<Query>) -> Self {

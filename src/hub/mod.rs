@@ -520,6 +520,16 @@ async fn read_call(
 ) -> std::result::Result<ReadResourceResult, ServiceError> {
     let mut options = PeerRequestOptions::no_options();
     options.timeout = Some(timeout);
+    // The caller's trace goes with the request (`_meta`, SEP-414), so that
+    // a server's own spans join it.
+    if let Some(trace) = crate::telemetry::current() {
+        let mut meta = rmcp::model::MetaObject::new();
+        meta.set_traceparent(trace.traceparent);
+        if let Some(state) = trace.tracestate {
+            meta.set_tracestate(state);
+        }
+        options.meta = Some(rmcp::model::RequestMetaObject(meta));
+    }
     let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(ReadResourceRequestParams::new(uri)));
     let handle = peer.send_cancellable_request(request, options).await?;
     let mut guard = CancelOnDrop(Some((peer.clone(), handle.id.clone())));

@@ -41,6 +41,7 @@ mod owners;
 mod path;
 mod relay;
 mod routes;
+mod usage;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -130,8 +131,37 @@ fn router(state: Shared) -> Router {
 /// `Host` checked on `/v1/`, the body's type checked, then the handler. The
 /// answer is counted under the route's own label (`refused` and `unmatched`
 /// for the others), never under the caller's spelling.
+///
+/// Each request runs in the server span `mcp_context.request`, a child of the
+/// caller's trace when it sent a W3C `traceparent` (with traces on).
 async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
-    let (label, response) = match decide(&state, &req) {
+    let decided = decide(&state, &req);
+    let label = match &decided {
+        Ok(route) => route.label(),
+        Err((label, _)) => label,
+    };
+    let span = tracing::info_span!(
+        "mcp_context.request",
+        otel.name = %format_args!("{} {label}", req.method()),
+        otel.kind = "server",
+        http.request.method = %req.method(),
+        http.route = label,
+        http.response.status_code = tracing::field::Empty,
+    );
+    crate::telemetry::continue_from(&span, req.headers());
+    let (label, response) = tracing::Instrument::instrument(handle(state.clone(), req, decided), span.clone()).await;
+    span.record("http.response.status_code", i64::from(response.status().as_u16()));
+    state.metrics.request(label, response.status());
+    response
+}
+
+/// The route's handler, or the refusal; with the route's metrics label.
+async fn handle(
+    state: Shared,
+    req: Request,
+    decided: Result<Route, (&'static str, ApiError)>,
+) -> (&'static str, Response) {
+    match decided {
         // Under /v1/messages our refusals speak Anthropic's error shape.
         Err((label, e)) if messages::claims(req.uri().path()) => (label, messages::error_response(e)),
         Err((label, e)) => (label, e.into_response()),
@@ -152,9 +182,7 @@ async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
             };
             (label, r.unwrap_or_else(IntoResponse::into_response))
         }
-    };
-    state.metrics.request(label, response.status());
-    response
+    }
 }
 
 /// The route, or the refusal with its metrics label.
@@ -219,7 +247,8 @@ fn json_content_type(req: &Request, route: &Route) -> Result<(), ApiError> {
 
 /// Who is calling, from the headers, and the body budgets that caller draws on.
 fn caller<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<(FromHeaders, Vec<&'a Budget>), ApiError> {
-    let who = identity::from_headers(&state.settings, headers)?;
+    let who =
+        tracing::info_span!("mcp_context.identity").in_scope(|| identity::from_headers(&state.settings, headers))?;
     let budgets = match &who {
         FromHeaders::User(_, Source::Key | Source::Header) => vec![&state.bodies],
         _ => vec![&state.bodies, &state.unidentified],

@@ -140,24 +140,62 @@ impl Upstream {
     /// Sends the request and relays the response (status, headers that
     /// matter, body as a stream). Waits for a slot when `max_concurrent_upstream`
     /// requests are in flight; the slot is held until the body is relayed.
-    pub(super) async fn send(&self, out: Outgoing<'_>) -> Result<Relayed, ApiError> {
+    ///
+    /// Under the span `mcp_context.upstream` (a client span, named after the
+    /// GenAI operation: `chat`, `embeddings`; its `gen_ai.*` attributes read
+    /// from the answer as it is relayed, see `usage`), whose W3C trace
+    /// context replaces the caller's `traceparent` when traces are on.
+    pub(super) async fn send(&self, mut out: Outgoing<'_>) -> Result<Relayed, ApiError> {
+        let operation = match out.path {
+            ["chat", "completions"] | ["responses"] | ["messages"] => "chat",
+            ["embeddings"] => "embeddings",
+            _ => "http",
+        };
+        let span = tracing::info_span!(
+            "mcp_context.upstream",
+            otel.name = operation,
+            otel.kind = "client",
+            http.request.method = %out.method,
+            url.path = %out.path.join("/"),
+            gen_ai.operation.name = operation,
+            gen_ai.response.model = tracing::field::Empty,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty,
+        );
+        let traced = span.in_scope(crate::telemetry::current);
+        if let Some(trace) = &traced {
+            out.headers.remove("tracestate");
+            if let Ok(v) = HeaderValue::from_str(&trace.traceparent) {
+                out.headers.insert("traceparent", v);
+            }
+            if let Some(v) = trace.tracestate.as_deref().and_then(|s| HeaderValue::from_str(s).ok()) {
+                out.headers.insert("tracestate", v);
+            }
+        }
         let permit = self.permits.clone().acquire_owned().await.map_err(|_| unavailable())?;
         let url = self.base.join(out.path, out.query);
         let started = Instant::now();
         let request = self.client.request(out.method, url).headers(out.headers).body(out.body);
-        let response = match tokio::time::timeout(self.timeout, request.send()).await {
+        let sent = tracing::Instrument::instrument(tokio::time::timeout(self.timeout, request.send()), span.clone());
+        let response = match sent.await {
             Err(_) => return Err(timeout(self.timeout)),
             Ok(Err(e)) if e.is_timeout() => return Err(timeout(self.timeout)),
             Ok(Err(e)) => return Err(unreachable(&self.redacted, &e)),
             Ok(Ok(r)) => r,
         };
         let waited = started.elapsed();
-        Ok(Relayed { response: relay_response(response, permit), waited })
+        span.record("http.response.status_code", i64::from(response.status().as_u16()));
+        // The answer is read for the span only when it is exported.
+        let span = traced.map(|_| span);
+        Ok(Relayed { response: relay_response(response, permit, span), waited })
     }
 }
 
-/// The upstream's response for the caller, its body streamed through.
-fn relay_response(upstream: reqwest::Response, permit: OwnedSemaphorePermit) -> Response {
+/// The upstream's response for the caller, its body streamed through; with
+/// `span`, the answer's model and usage are recorded on it when the body
+/// ends (and the span ends then).
+fn relay_response(upstream: reqwest::Response, permit: OwnedSemaphorePermit, span: Option<tracing::Span>) -> Response {
     let status = upstream.status();
     let mut headers = HeaderMap::with_capacity(upstream.headers().len());
     for (k, v) in upstream.headers() {
@@ -166,15 +204,55 @@ fn relay_response(upstream: reqwest::Response, permit: OwnedSemaphorePermit) -> 
         }
         headers.append(k.clone(), v.clone());
     }
-    let stream = upstream.bytes_stream().map(move |chunk| {
-        // The permit lives as long as the body is being relayed.
-        let _held = &permit;
-        chunk.map_err(|e| std::io::Error::other(describe(&e)))
-    });
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let tap = span.map(|span| (super::usage::Tap::new(content_type), span));
+    let stream = Relay { inner: upstream.bytes_stream().boxed(), _permit: permit, tap };
     let mut response = Response::new(Body::from_stream(stream));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
+}
+
+/// The body on its way to the caller. The permit lives as long as the
+/// body is being relayed; the tap (when traces are on) reads each chunk and
+/// records what it learnt on the upstream span when the body ends or the
+/// caller goes away.
+struct Relay {
+    inner: futures::stream::BoxStream<'static, reqwest::Result<axum::body::Bytes>>,
+    _permit: OwnedSemaphorePermit,
+    tap: Option<(super::usage::Tap, tracing::Span)>,
+}
+
+impl futures::Stream for Relay {
+    type Item = std::io::Result<axum::body::Bytes>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let next = self.inner.poll_next_unpin(cx);
+        if let (std::task::Poll::Ready(Some(Ok(bytes))), Some((tap, _))) = (&next, &mut self.tap) {
+            tap.feed(bytes);
+        }
+        next.map(|item| item.map(|chunk| chunk.map_err(|e| std::io::Error::other(describe(&e)))))
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some((mut tap, span)) = self.tap.take() {
+            tap.finish();
+            if let Some(model) = &tap.model {
+                span.record("gen_ai.response.model", model.as_str());
+            }
+            if let Some(n) = tap.input_tokens {
+                span.record("gen_ai.usage.input_tokens", n as i64);
+            }
+            if let Some(n) = tap.output_tokens {
+                span.record("gen_ai.usage.output_tokens", n as i64);
+            }
+        }
+    }
 }
 
 fn timeout(after: Duration) -> ApiError {

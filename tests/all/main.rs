@@ -30,3 +30,4 @@ mod security;
 mod serve;
 mod shared;
 mod tools;
+mod traces;

@@ -68,7 +68,7 @@ pub struct Options {
     /// Speak only 2025-11-25 and older: `server/discover` is "method not
     /// found", as on a server built before 2026-07-28.
     pub only_2025: bool,
-    /// Also log `discover`, `initialize` and `listen URIS` to the `--record` log.
+    /// Also log `discover`, `initialize`, `listen URIS` and `meta URI TRACEPARENT` (a read's `_meta`) to the `--record` log.
     pub record_lifecycle: bool,
     /// List results say `ttlMs` = this (and `cacheScope: public`).
     pub list_ttl_ms: Option<u64>,
@@ -478,6 +478,12 @@ impl Fixture {
         request: ReadResourceRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        // The trace context a client sent in `_meta` (SEP-414), logged as
+        // `meta URI TRACEPARENT` with `--record-lifecycle`.
+        let traceparent = cx.meta.0.get_traceparent().or(request.meta.as_ref().and_then(|m| m.0.get_traceparent()));
+        if let Some(tp) = traceparent {
+            self.log(&format!("meta {} {tp}", request.uri));
+        }
         let uri = request.uri;
         if self.opts.fs {
             let resolved = resolve(&uri);
