@@ -7,8 +7,11 @@
 //!
 //! ```text
 //! cargo build --release --bin mcp-context --example bench_server --example bench_serve
-//! target/release/examples/bench_serve [--requests 2000] [--rss-requests 100000] [--apis chat,messages]
+//! target/release/examples/bench_serve [--requests 2000] [--rss-requests 100000] [--apis chat,messages] [--traces]
 //! ```
+//!
+//! `--traces` turns on `telemetry:` (every request sampled, spans exported
+//! over OTLP/HTTP to a sink in this process that only counts the exports).
 //!
 //! The upstream is an in-process axum server answering at once (a fixed
 //! completion, or three SSE chunks); the proxy is the release binary next to
@@ -141,11 +144,22 @@ async fn main() {
         .and_then(|i| args.get(i + 1))
         .map_or_else(|| "chat,messages".to_owned(), String::clone);
 
+    let traces = args.iter().any(|a| a == "--traces");
+    static EXPORTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let direct_base = format!("http://{}/v1", listener.local_addr().unwrap());
+    let local = listener.local_addr().unwrap();
+    let direct_base = format!("http://{local}/v1");
     tokio::spawn(async move {
-        let app =
-            Router::new().route("/v1/chat/completions", post(upstream)).route("/v1/messages", post(messages_upstream));
+        let app = Router::new()
+            .route("/v1/chat/completions", post(upstream))
+            .route("/v1/messages", post(messages_upstream))
+            .route(
+                "/v1/traces",
+                post(|| async {
+                    EXPORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    [("content-type", "application/x-protobuf")]
+                }),
+            );
         axum::serve(listener, app).await.unwrap();
     });
 
@@ -160,7 +174,8 @@ async fn main() {
         format!(
             "servers:\n  bench:\n    command: {server:?}\n    args: [\"--n\", \"{n}\", \"--size\", \"2048\"]\n    timeout_ms: 60000\n\
              context:\n  max_tokens: 8000\nserve:\n  anonymous_user: bench\n  max_concurrent_upstream: 1024\n\
-             \x20 anthropic:\n    upstream: {direct_base}\n"
+             \x20 anthropic:\n    upstream: {direct_base}\n{}",
+            if traces { format!("telemetry:\n  otlp_endpoint: http://{local}\n  sample_ratio: 1.0\n") } else { String::new() }
         ),
     )
     .unwrap();
@@ -254,5 +269,8 @@ async fn main() {
         libc::kill(pid as i32, libc::SIGTERM)
     };
     let _ = tokio::time::timeout(Duration::from_secs(15), child.wait()).await;
+    if traces {
+        println!("\nOTLP exports received: {}", EXPORTS.load(std::sync::atomic::Ordering::Relaxed));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
