@@ -25,6 +25,8 @@ use mcp_context::{Config, ContextRequest, McpContext, Policy, ResourceId};
 #[cfg(feature = "serve")]
 use mcp_context::serve;
 
+mod cli_audit;
+
 /// Give LLM calls the context your MCP servers hold.
 #[derive(Parser)]
 #[command(name = "mcp-context", version, about)]
@@ -97,6 +99,11 @@ enum Command {
         upstream: Option<String>,
         #[command(subcommand)]
         command: Option<ServeCommand>,
+    },
+    /// Ask the audit trail (the `audit:` PostgreSQL sink) who received what.
+    Audit {
+        #[command(subcommand)]
+        command: cli_audit::AuditCommand,
     },
     /// Run the bundled demo MCP server on stdio.
     #[command(hide = true)]
@@ -224,6 +231,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config_path = Config::locate(cli.config.as_deref());
     let config = Config::load(&config_path)?;
     match cli.command {
+        Command::Audit { command } => cli_audit::run(&config, command).await,
         Command::List { server, json } => {
             let config = only_server(config, server.as_deref())?;
             let verbose = cli.verbose > 0;
@@ -252,6 +260,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     server_of(config.clone(), id).map(drop)?;
                 }
             }
+            // A preview sends nothing to a model: it is no injection, and leaves no audit record.
+            let mut config = config;
+            config.audit.sinks.clear();
             let ctx = tokio::select! {
                 ctx = McpContext::from_config(&config) => ctx?,
                 code = signalled() => return Ok(code),

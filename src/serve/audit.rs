@@ -1,0 +1,55 @@
+//! The audit record of each injection the proxy makes: begun when the
+//! context is built (the library's entry used here writes none), finished
+//! with the upstream's status and latency and handed to the sinks, so each
+//! injection has exactly one record. A request whose upstream was not
+//! reached still gets its record, without a status.
+//!
+//! May import the audit module and the proxy's own parts.
+
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+
+use super::error::ApiError;
+use super::identity::Source;
+use super::relay::Relayed;
+use crate::audit::{AuditRecord, Origin, random_hex, trace_id_of, usable_request_id};
+use crate::{ContextMessage, McpContext, Report};
+
+/// A record waiting for the upstream's answer.
+pub(super) struct Pending(Option<AuditRecord>);
+
+/// Starts the record of an injection on `route` for a caller identified by `source`.
+pub(super) fn begin(
+    ctx: &McpContext,
+    headers: &HeaderMap,
+    route: &str,
+    source: Source,
+    report: &Report,
+    message: Option<&ContextMessage>,
+) -> Pending {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let origin = Origin {
+        route: route.to_owned(),
+        identity_source: source.name().to_owned(),
+        request_id: header("x-request-id").and_then(usable_request_id).unwrap_or_else(random_hex),
+        trace_id: header("traceparent").and_then(trace_id_of).unwrap_or_else(random_hex),
+    };
+    Pending(ctx.audit_record(report, message, origin))
+}
+
+impl Pending {
+    /// Adds the upstream's status and time to headers (when it answered) and hands the record to the sinks.
+    pub(super) fn finish(self, ctx: &McpContext, relayed: Result<&Relayed, &ApiError>) {
+        let Some(mut record) = self.0 else { return };
+        if let Ok(r) = relayed {
+            record.upstream_status = Some(r.response.status().as_u16());
+            record.upstream_ms = Some(ms(r.waited));
+        }
+        ctx.audit(record);
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
