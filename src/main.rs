@@ -37,8 +37,19 @@ struct Cli {
     /// More logging on stderr (-v info, -vv debug incl. server stderr).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Log lines as `text` (default) or `json` (one object per line, with the request span's
+    /// `request_id` and `trace_id`, for log collectors; meant for `serve`).
+    #[arg(long, global = true, value_name = "FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -139,7 +150,7 @@ enum PolicyCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.verbose);
+    init_tracing(cli.verbose, cli.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -176,7 +187,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(verbose: u8) {
+fn init_tracing(verbose: u8, format: LogFormat) {
     // rmcp's own logs can carry request URLs (and so query-string keys):
     // they stay off unless asked for by name in MCP_CONTEXT_LOG.
     let default = match verbose {
@@ -186,6 +197,17 @@ fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MCP_CONTEXT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    if format == LogFormat::Json {
+        // Every event with its level, time, fields and the current span's (a request's ids).
+        let _ = tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+        return;
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

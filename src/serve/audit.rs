@@ -4,6 +4,10 @@
 //! injection has exactly one record. A request whose upstream was not
 //! reached still gets its record, without a status.
 //!
+//! Also the ids of each injecting request ([`Ids`]): set once by the
+//! dispatcher (as a request extension, and as the fields of the `request`
+//! span every event of the request is logged in), read by the record.
+//!
 //! May import the audit module and the proxy's own parts.
 
 use std::time::Duration;
@@ -16,24 +20,47 @@ use super::relay::Relayed;
 use crate::audit::{AuditRecord, Origin, random_hex, trace_id_of, usable_request_id};
 use crate::{ContextMessage, McpContext, Report};
 
+/// A request's id and trace id: the caller's `x-request-id` when usable,
+/// else random; the trace id of the caller's `traceparent`, else random.
+#[derive(Debug, Clone)]
+pub(super) struct Ids {
+    pub(super) request_id: String,
+    pub(super) trace_id: String,
+}
+
+impl Ids {
+    pub(super) fn of(headers: &HeaderMap) -> Ids {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        Ids {
+            request_id: header("x-request-id").and_then(usable_request_id).unwrap_or_else(random_hex),
+            trace_id: header("traceparent").and_then(trace_id_of).unwrap_or_else(random_hex),
+        }
+    }
+
+    /// The span a request is handled in: its events carry both ids.
+    pub(super) fn span(&self) -> tracing::Span {
+        tracing::info_span!("request", request_id = %self.request_id, trace_id = %self.trace_id)
+    }
+}
+
 /// A record waiting for the upstream's answer.
 pub(super) struct Pending(Option<AuditRecord>);
 
 /// Starts the record of an injection on `route` for a caller identified by `source`.
 pub(super) fn begin(
     ctx: &McpContext,
-    headers: &HeaderMap,
+    ids: Option<&Ids>,
     route: &str,
     source: Source,
     report: &Report,
     message: Option<&ContextMessage>,
 ) -> Pending {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let ids = ids.cloned().unwrap_or_else(|| Ids::of(&HeaderMap::new()));
     let origin = Origin {
         route: route.to_owned(),
         identity_source: source.name().to_owned(),
-        request_id: header("x-request-id").and_then(usable_request_id).unwrap_or_else(random_hex),
-        trace_id: header("traceparent").and_then(trace_id_of).unwrap_or_else(random_hex),
+        request_id: ids.request_id,
+        trace_id: ids.trace_id,
     };
     Pending(ctx.audit_record(report, message, origin))
 }

@@ -229,7 +229,8 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         Endpoint::Messages => "/v1/messages",
         Endpoint::CountTokens => "/v1/messages/count_tokens",
     };
-    let pending = super::audit::begin(&state.ctx, &parts.headers, route, source, &report, message.as_ref());
+    let ids = parts.extensions.get::<super::audit::Ids>();
+    let pending = super::audit::begin(&state.ctx, ids, route, source, &report, message.as_ref());
     match message.as_ref().map(|m| m.content.as_str()) {
         Some(content) => {
             kept.push(raw(&context_block_json(content, others)));

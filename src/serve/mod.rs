@@ -131,26 +131,42 @@ fn router(state: Shared) -> Router {
 /// `Host` checked on `/v1/`, the body's type checked, then the handler. The
 /// answer is counted under the route's own label (`refused` and `unmatched`
 /// for the others), never under the caller's spelling.
-async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
+async fn dispatch(State(state): State<Shared>, mut req: Request) -> Response {
+    use tracing::Instrument as _;
     let (label, response) = match decide(&state, &req) {
         // Under /v1/messages our refusals speak Anthropic's error shape.
         Err((label, e)) if messages::claims(req.uri().path()) => (label, messages::error_response(e)),
         Err((label, e)) => (label, e.into_response()),
         Ok(route) => {
             let label = route.label();
-            let r = match route {
-                Route::Chat => inject_and_forward(&state, req, Kind::Chat).await,
-                Route::Responses => inject_and_forward(&state, req, Kind::Responses).await,
-                Route::CreateConversation => relay_other(&state, req, Some(Stored::Conversation)).await,
-                Route::StoredObject { kind, id } => stored_object(&state, req, kind, &id).await,
-                Route::Passthrough => relay_other(&state, req, None).await,
-                Route::Messages => Ok(messages::handle(&state, req, messages::Endpoint::Messages).await),
-                Route::CountTokens => Ok(messages::handle(&state, req, messages::Endpoint::CountTokens).await),
-                Route::Root => Ok(axum::http::StatusCode::OK.into_response()),
-                Route::Health => Ok("ok\n".into_response()),
-                Route::Ready => Ok(status::readyz(&state)),
-                Route::Metrics => Ok(status::metrics(&state)),
+            // Injecting routes get their ids now: the record reads them, and every event of the request is
+            // logged in their span.
+            let span = match route {
+                Route::Chat | Route::Responses | Route::Messages | Route::CountTokens => {
+                    let ids = audit::Ids::of(req.headers());
+                    let span = ids.span();
+                    req.extensions_mut().insert(ids);
+                    span
+                }
+                _ => tracing::Span::none(),
             };
+            let r = async {
+                match route {
+                    Route::Chat => inject_and_forward(&state, req, Kind::Chat).await,
+                    Route::Responses => inject_and_forward(&state, req, Kind::Responses).await,
+                    Route::CreateConversation => relay_other(&state, req, Some(Stored::Conversation)).await,
+                    Route::StoredObject { kind, id } => stored_object(&state, req, kind, &id).await,
+                    Route::Passthrough => relay_other(&state, req, None).await,
+                    Route::Messages => Ok(messages::handle(&state, req, messages::Endpoint::Messages).await),
+                    Route::CountTokens => Ok(messages::handle(&state, req, messages::Endpoint::CountTokens).await),
+                    Route::Root => Ok(axum::http::StatusCode::OK.into_response()),
+                    Route::Health => Ok("ok\n".into_response()),
+                    Route::Ready => Ok(status::readyz(&state)),
+                    Route::Metrics => Ok(status::metrics(&state)),
+                }
+            }
+            .instrument(span)
+            .await;
             (label, r.unwrap_or_else(IntoResponse::into_response))
         }
     };
@@ -284,7 +300,8 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         Kind::Chat => "/v1/chat/completions",
         Kind::Responses => "/v1/responses",
     };
-    let pending = audit::begin(&state.ctx, &parts.headers, route, source, &report, message.as_ref());
+    let ids = parts.extensions.get::<audit::Ids>();
+    let pending = audit::begin(&state.ctx, ids, route, source, &report, message.as_ref());
     let content = message.as_ref().map(|m| m.content.as_str());
     match kind {
         Kind::Chat => {

@@ -130,7 +130,12 @@ async fn serve_records_each_injection_and_audit_answers_who_received_what() {
     let schema = Schema::new();
     let up = Upstream::start().await;
     let serve = default_serve() + &audit_yaml(&schema.0, &pg_url(), "audit/injections.jsonl");
-    let proxy = Proxy::start(&serve, &up.base).await;
+    let tag = tag();
+    let body = format!(
+        "servers:\n{}policy: policies/\ncontext:\n  max_tokens: 4000\nserve:\n{serve}",
+        demo_server("demo", &tag)
+    );
+    let proxy = Proxy::start_config_with(&body, &up.base, tag, &["--log-format", "json"]).await;
     for (user, n) in [("alice", 2), ("bob", 1)] {
         for _ in 0..n {
             let resp = proxy
@@ -217,6 +222,20 @@ async fn serve_records_each_injection_and_audit_answers_who_received_what() {
         }
     }
     assert!(checked >= 5, "enough content lines checked ({checked})");
+
+    // `--log-format json`: one object per line; the report's event carries the request's ids.
+    let log = proxy.stderr();
+    let events: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!(!events.is_empty() && events.len() == log.lines().count(), "{log}");
+    for (message, user) in [("context built", "\"bob\""), ("injected", "")] {
+        let e = events
+            .iter()
+            .find(|e| e["fields"]["message"] == message && (user.is_empty() || e["fields"]["user"] == user))
+            .unwrap_or_else(|| panic!("no `{message}` event in {log}"));
+        let span = &e["span"];
+        assert_eq!(span["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736", "{e}");
+        assert!(span["request_id"].as_str().is_some_and(|r| r.starts_with("req-")), "{e}");
+    }
     drop(proxy);
 }
 
