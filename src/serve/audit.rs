@@ -37,6 +37,20 @@ impl Ids {
         }
     }
 
+    /// Gives the upstream request a W3C `traceparent` when the caller sent
+    /// none (the caller's own goes on unchanged): this trace id, so that the
+    /// upstream's logs join the audit record.
+    pub(super) fn propagate(ids: Option<&Ids>, headers: &mut HeaderMap) {
+        let Some(ids) = ids else { return };
+        if headers.contains_key("traceparent") {
+            return;
+        }
+        let parent = &random_hex()[..16];
+        if let Ok(v) = axum::http::HeaderValue::from_str(&format!("00-{}-{parent}-01", ids.trace_id)) {
+            headers.insert("traceparent", v);
+        }
+    }
+
     /// The span a request is handled in: its events carry both ids.
     pub(super) fn span(&self) -> tracing::Span {
         tracing::info_span!("request", request_id = %self.request_id, trace_id = %self.trace_id)

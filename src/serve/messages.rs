@@ -247,6 +247,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
 
     let mut headers = anthropic.upstream.headers_for_upstream(&parts.headers);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    super::audit::Ids::propagate(ids, &mut headers);
     if anthropic.forward {
         // The upstream authenticates the caller with the caller's own header.
         if let Some(k) = parts.headers.get(&X_API_KEY) {

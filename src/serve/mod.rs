@@ -333,6 +333,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
 
     let mut headers = state.upstream.headers_for_upstream(&parts.headers);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    audit::Ids::propagate(ids, &mut headers);
     let path: &[&str] = match kind {
         Kind::Chat => &["chat", "completions"],
         Kind::Responses => &["responses"],

@@ -307,6 +307,19 @@ async fn postgres_going_away_loses_no_request_and_counts_the_dropped_records() {
         send().await;
     }
     wait_until("three rows", Duration::from_secs(20), async || count(&db, &schema.0).await == 3).await;
+    // The callers sent no traceparent: the upstream got one with each record's trace id.
+    let traces: Vec<String> = db
+        .query(&format!("SELECT record->>'trace_id' FROM \"{}\".injections", schema.0), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for s in up.seen() {
+        let tp = &s.headers["traceparent"];
+        let trace = tp.split('-').nth(1).unwrap();
+        assert!(tp.starts_with("00-") && tp.ends_with("-01") && traces.iter().any(|t| t == trace), "{tp} {traces:?}");
+    }
     let ready: Value = http().get(format!("{}/readyz", proxy.url)).send().await.unwrap().json().await.unwrap();
     assert_eq!(ready["status"], "ready", "{ready}");
 
