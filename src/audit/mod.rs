@@ -31,8 +31,10 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
+pub(crate) use self::record::Origin;
 pub use self::record::{AuditRecord, AuditResource};
-pub(crate) use self::record::{Origin, random_hex, trace_id_of, usable_request_id};
+#[cfg(feature = "serve")]
+pub(crate) use self::record::{random_hex, trace_id_of, usable_request_id};
 use crate::config::{AuditSettings, AuditSink};
 use crate::error::{Error, Result};
 

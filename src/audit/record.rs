@@ -218,6 +218,7 @@ pub(crate) fn random_hex() -> String {
 }
 
 /// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), if it is one (not all zeros).
+#[cfg(any(test, feature = "serve"))]
 pub(crate) fn trace_id_of(traceparent: &str) -> Option<String> {
     let parts: Vec<&str> = traceparent.trim().split('-').collect();
     let hex_of =
@@ -238,6 +239,7 @@ pub(crate) fn trace_id_of(traceparent: &str) -> Option<String> {
 }
 
 /// A caller's request id we keep: 1 to 128 printable ASCII characters.
+#[cfg(feature = "serve")]
 pub(crate) fn usable_request_id(id: &str) -> Option<String> {
     (!id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic())).then(|| id.to_owned())
 }
