@@ -16,7 +16,8 @@
 //! on one index, an insert is one statement per batch, and the digests and
 //! tokens of each resource stay in `record->'included'`.
 //!
-//! A batch is sent as one JSON array and unpacked by PostgreSQL
+//! A batch is what arrives within 100 ms of its first record (at most
+//! `audit.batch`), sent as one JSON array and unpacked by PostgreSQL
 //! (`jsonb_array_elements`), so a batch of any size is one round trip. A
 //! failed connect or insert drops the batch (counted), marks the sink down
 //! and is retried at most once a second; meanwhile queued records are dropped
@@ -42,6 +43,8 @@ pub(super) struct Target {
 
 /// Longest wait for a connection or one statement.
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a batch waits for more records after its first.
+const LINGER: Duration = Duration::from_millis(100);
 /// Time between reconnection attempts while down.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -135,14 +138,17 @@ pub(super) async fn run(target: Target, batch: usize, mut rx: mpsc::Receiver<Msg
     // The first connection at start, so the table exists before the first request.
     connect(&target, &mut client, &mut next_try, &stats).await;
     while let Some(msg) = rx.recv().await {
+        // A batch is what arrives within LINGER of its first record (or `batch` records, or a flush): one
+        // statement and one commit for many requests, so PostgreSQL's own work per record stays small.
+        let deadline = tokio::time::Instant::now() + LINGER;
         let mut next = Some(msg);
         while let Some(msg) = next.take() {
             match msg {
                 Msg::Record(r) => records.push(r),
                 Msg::Flush(done) => flushes.push(done),
             }
-            if records.len() < batch {
-                next = rx.try_recv().ok();
+            if records.len() < batch && flushes.is_empty() {
+                next = tokio::time::timeout_at(deadline, rx.recv()).await.ok().flatten();
             }
         }
         if !records.is_empty() {
