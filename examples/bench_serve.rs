@@ -7,11 +7,18 @@
 //!
 //! ```text
 //! cargo build --release --bin mcp-context --example bench_server --example bench_serve
-//! target/release/examples/bench_serve [--requests 2000] [--rss-requests 100000] [--apis chat,messages] [--traces]
+//! target/release/examples/bench_serve [--requests 2000] [--rss-requests 100000] [--apis chat,messages]
+//!     [--audit-pg postgres://postgres@127.0.0.1:5432/test] [--traces]
 //! ```
 //!
-//! `--traces` turns on `telemetry:` (every request sampled, spans exported
-//! over OTLP/HTTP to a sink in this process that only counts the exports).
+//! With `--audit-pg URL` a second proxy runs beside the first with the
+//! audit trail on (`audit.sinks: [postgres: URL]`, a schema of its own,
+//! `bench_audit_<pid>`, dropped at the end with `psql`), and every row is
+//! measured three ways in turn (direct, proxy, proxy with audit), so the
+//! audit's cost is read off one run; the records written and dropped follow.
+//! `--traces` gives that second proxy `telemetry:` too (every request
+//! sampled, spans exported over OTLP/HTTP to a sink in this process that
+//! only counts the exports); alone, it runs the second proxy with traces only.
 //!
 //! The upstream is an in-process axum server answering at once (a fixed
 //! completion, or three SSE chunks); the proxy is the release binary next to
@@ -132,6 +139,27 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Starts the release proxy on `yaml` (written to `config`); the child and its base URL.
+async fn start_proxy(
+    exe: &std::path::Path,
+    config: &std::path::Path,
+    yaml: &str,
+    upstream: &str,
+) -> (tokio::process::Child, String) {
+    std::fs::write(config, yaml).unwrap();
+    let mut child = tokio::process::Command::new(exe)
+        .args(["serve", "--config"])
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0", "--upstream", upstream])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e} (build it with --release)", exe.display()));
+    let line = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines().next_line().await.unwrap().unwrap();
+    let url = line.split("listening on ").nth(1).unwrap().split(',').next().unwrap().to_owned();
+    (child, url)
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -144,6 +172,7 @@ async fn main() {
         .and_then(|i| args.get(i + 1))
         .map_or_else(|| "chat,messages".to_owned(), String::clone);
 
+    let audit_pg = args.iter().position(|a| a == "--audit-pg").and_then(|i| args.get(i + 1)).cloned();
     let traces = args.iter().any(|a| a == "--traces");
     static EXPORTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -168,32 +197,43 @@ async fn main() {
     let exe = me.parent().unwrap().parent().unwrap().join("mcp-context");
     let dir = std::env::temp_dir().join(format!("bench-serve-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("c.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "servers:\n  bench:\n    command: {server:?}\n    args: [\"--n\", \"{n}\", \"--size\", \"2048\"]\n    timeout_ms: 60000\n\
-             context:\n  max_tokens: 8000\nserve:\n  anonymous_user: bench\n  max_concurrent_upstream: 1024\n\
-             \x20 anthropic:\n    upstream: {direct_base}\n{}",
-            if traces { format!("telemetry:\n  otlp_endpoint: http://{local}\n  sample_ratio: 1.0\n") } else { String::new() }
-        ),
-    )
-    .unwrap();
-    let mut child = tokio::process::Command::new(&exe)
-        .args(["serve", "--config"])
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0", "--upstream", &direct_base])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e} (build it with --release)", exe.display()));
-    let line = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines().next_line().await.unwrap().unwrap();
-    let proxy = line.split("listening on ").nth(1).unwrap().split(',').next().unwrap().to_owned();
+    let base_yaml = format!(
+        "servers:\n  bench:\n    command: {server:?}\n    args: [\"--n\", \"{n}\", \"--size\", \"2048\"]\n    timeout_ms: 60000\n\
+         context:\n  max_tokens: 8000\nserve:\n  anonymous_user: bench\n  max_concurrent_upstream: 1024\n\
+         \x20 anthropic:\n    upstream: {direct_base}\n"
+    );
+    let (mut child, proxy) = start_proxy(&exe, &dir.join("c.yaml"), &base_yaml, &direct_base).await;
     let pid = child.id().unwrap();
+    let schema = format!("bench_audit_{}", std::process::id());
+    let audited = if audit_pg.is_some() || traces {
+        let mut yaml = base_yaml.clone();
+        if let Some(url) = &audit_pg {
+            yaml.push_str(&format!("audit:\n  sinks:\n    - postgres: {{ url: {url:?}, schema: {schema} }}\n"));
+        }
+        if traces {
+            yaml.push_str(&format!("telemetry:\n  otlp_endpoint: http://{local}\n  sample_ratio: 1.0\n"));
+        }
+        Some(start_proxy(&exe, &dir.join("audit.yaml"), &yaml, &direct_base).await)
+    } else {
+        None
+    };
+    let second = match (&audit_pg, traces) {
+        (Some(_), true) => ", audit to PostgreSQL + traces",
+        (Some(_), false) => ", audit to PostgreSQL",
+        _ => ", traces (OTLP)",
+    };
 
     let client = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
     let direct = format!("{direct_base}/chat/completions");
     let via = format!("{proxy}/v1/chat/completions");
+    if let Some((_, a)) = &audited {
+        let audited_via = format!("{a}/v1/chat/completions");
+        one(&client, &audited_via, false).await;
+        for _ in 0..200 {
+            one(&client, &audited_via, false).await;
+            one(&client, &format!("{a}/v1/messages"), false).await;
+        }
+    }
     // Warm: the first injection reads and tokenises all n resources.
     let warm = Instant::now();
     let r = client
@@ -230,21 +270,42 @@ async fn main() {
                 let total = requests.max(concurrency) / concurrency * concurrency;
                 let (d, _) = run(&client, &direct, stream, concurrency, total).await;
                 let (p, wall) = run(&client, &via, stream, concurrency, total).await;
-                println!(
-                    "| {api} | {concurrency} | {} | {:.3} | {:.3} | **{:.3}** | {:.3} | {:.3} | **{:.3}** | {:.0} |",
-                    if stream { "streamed (TTFB)" } else { "whole response" },
-                    pct(&d, 0.5),
-                    pct(&p, 0.5),
-                    pct(&p, 0.5) - pct(&d, 0.5),
-                    pct(&d, 0.99),
-                    pct(&p, 0.99),
-                    pct(&p, 0.99) - pct(&d, 0.99),
-                    total as f64 / wall,
-                );
+                let mode = if stream { "streamed (TTFB)" } else { "whole response" };
+                let row = |label: &str, p: &[f64], wall: f64| {
+                    println!(
+                        "| {api} | {concurrency} | {mode}{label} | {:.3} | {:.3} | **{:.3}** | {:.3} | {:.3} | **{:.3}** | {:.0} |",
+                        pct(&d, 0.5),
+                        pct(p, 0.5),
+                        pct(p, 0.5) - pct(&d, 0.5),
+                        pct(&d, 0.99),
+                        pct(p, 0.99),
+                        pct(p, 0.99) - pct(&d, 0.99),
+                        total as f64 / wall,
+                    )
+                };
+                row("", &p, wall);
+                if let Some((_, a)) = &audited {
+                    let url = via.replace(&proxy, a);
+                    let (pa, wall) = run(&client, &url, stream, concurrency, total).await;
+                    row(second, &pa, wall);
+                }
             }
         }
     }
     println!("(ms; added = proxy - direct at the same percentile)");
+    if let Some((mut audit_child, a)) = audited {
+        let metrics = client.get(format!("{a}/metrics")).send().await.unwrap().text().await.unwrap();
+        for l in metrics.lines().filter(|l| l.starts_with("mcp_context_audit_records_total")) {
+            println!("{l}");
+        }
+        let _ = audit_child.kill().await;
+        if traces {
+            println!("OTLP exports received: {}", EXPORTS.load(std::sync::atomic::Ordering::Relaxed));
+        }
+        let drop_schema = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
+        let url = audit_pg.as_deref().unwrap_or_default();
+        let _ = std::process::Command::new("psql").args([url, "-qc", &drop_schema]).status();
+    }
 
     if rss_requests > 0 {
         let mut samples = vec![(0, rss_start)];
@@ -269,8 +330,5 @@ async fn main() {
         libc::kill(pid as i32, libc::SIGTERM)
     };
     let _ = tokio::time::timeout(Duration::from_secs(15), child.wait()).await;
-    if traces {
-        println!("\nOTLP exports received: {}", EXPORTS.load(std::sync::atomic::Ordering::Relaxed));
-    }
     let _ = std::fs::remove_dir_all(&dir);
 }

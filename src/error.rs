@@ -159,6 +159,17 @@ pub enum Error {
         #[source]
         source: Option<Arc<std::io::Error>>,
     },
+    /// The audit trail cannot be queried (`mcp-context audit`): no
+    /// PostgreSQL sink, PostgreSQL unreachable, a query refused. (Writing
+    /// records never fails a request: a failing sink drops and counts.)
+    #[error("audit trail: {what}")]
+    Audit {
+        /// What went wrong, with what to fix.
+        what: String,
+        /// The underlying failure, when there is one.
+        #[source]
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
 }
 
 impl From<async_openai::error::OpenAIError> for Error {
@@ -193,6 +204,20 @@ impl Error {
     pub(crate) fn serve_io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let what = what.into();
         move |e| Error::Serve { what, source: Some(Arc::new(e)) }
+    }
+
+    /// An audit trail error ([`Error::Audit`]) saying `what`.
+    pub(crate) fn audit(what: impl Into<String>) -> Self {
+        Error::Audit { what: what.into(), source: None }
+    }
+
+    /// An audit trail error saying `what`, caused by `e`.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn audit_by<E: std::error::Error + Send + Sync + 'static>(
+        what: impl Into<String>,
+    ) -> impl FnOnce(E) -> Error {
+        let what = what.into();
+        move |e| Error::Audit { what, source: Some(Arc::new(e)) }
     }
 
     /// True for a request timeout.

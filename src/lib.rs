@@ -49,6 +49,7 @@
 /// types match ours exactly.
 pub use async_openai;
 
+pub mod audit;
 mod cache;
 mod cause;
 mod client;
@@ -101,6 +102,10 @@ pub use tools::ResourceTools;
 pub mod settings {
     pub use crate::compose::{DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
     pub use crate::config::{AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM};
+    pub use crate::config::{
+        AuditSettings, AuditSink, DEFAULT_AUDIT_BATCH, DEFAULT_AUDIT_FILE_KEEP, DEFAULT_AUDIT_FILE_MAX_BYTES,
+        DEFAULT_AUDIT_QUEUE, DEFAULT_AUDIT_SCHEMA, DEFAULT_AUDIT_TABLE,
+    };
     pub use crate::config::{
         CacheBackend, CacheSettings, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
         DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST,

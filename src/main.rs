@@ -28,6 +28,8 @@ use mcp_context::{Config, ContextRequest, McpContext, Policy, ResourceId};
 #[cfg(feature = "serve")]
 use mcp_context::serve;
 
+mod cli_audit;
+
 /// Give LLM calls the context your MCP servers hold.
 #[derive(Parser)]
 #[command(name = "mcp-context", version, about)]
@@ -38,8 +40,19 @@ struct Cli {
     /// More logging on stderr (-v info, -vv debug incl. server stderr).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Log lines as `text` (default) or `json` (one object per line, with the request span's
+    /// `request_id` and `trace_id`, for log collectors; meant for `serve`).
+    #[arg(long, global = true, value_name = "FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -100,6 +113,11 @@ enum Command {
         upstream: Option<String>,
         #[command(subcommand)]
         command: Option<ServeCommand>,
+    },
+    /// Ask the audit trail (the `audit:` PostgreSQL sink) who received what.
+    Audit {
+        #[command(subcommand)]
+        command: cli_audit::AuditCommand,
     },
     /// Run the bundled demo MCP server on stdio.
     #[command(hide = true)]
@@ -184,12 +202,18 @@ fn log_filter(verbose: u8) -> tracing_subscriber::EnvFilter {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
 }
 
-/// The log lines on stderr.
-fn log_layer<S>(verbose: u8) -> impl tracing_subscriber::Layer<S> + Send + Sync
+/// The log lines on stderr: text, or (`--log-format json`) one JSON object
+/// per event with its level, time, fields and the current span's (a
+/// request's ids).
+fn log_layer<S>(verbose: u8, format: LogFormat) -> impl tracing_subscriber::Layer<S> + Send + Sync
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     use tracing_subscriber::Layer;
+    if format == LogFormat::Json {
+        let layer = tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(false);
+        return layer.with_writer(std::io::stderr).boxed().with_filter(log_filter(verbose));
+    }
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
     let layer = layer.with_ansi(colour_on_stderr());
     // Without -v only warnings show: a timestamp is noise next to `warning:` lines.
@@ -199,18 +223,22 @@ where
 
 /// Logs only: what a config load may warn about, before the config says
 /// whether traces are exported.
-fn log_subscriber(verbose: u8) -> impl tracing::Subscriber + Send + Sync {
+fn log_subscriber(verbose: u8, format: LogFormat) -> impl tracing::Subscriber + Send + Sync {
     use tracing_subscriber::layer::SubscriberExt;
-    tracing_subscriber::registry().with(log_layer(verbose))
+    tracing_subscriber::registry().with(log_layer(verbose, format))
 }
 
 /// Installs the logs and, with `telemetry:` in the config (and the `otel`
 /// feature), the OTLP exporter of traces, whose handle flushes them at the
 /// end. Called once, when the command knows its config.
-fn init_tracing(verbose: u8, telemetry: Option<&mcp_context::settings::TelemetrySettings>) -> anyhow::Result<Tracing> {
+fn init_tracing(
+    verbose: u8,
+    format: LogFormat,
+    telemetry: Option<&mcp_context::settings::TelemetrySettings>,
+) -> anyhow::Result<Tracing> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let logs = tracing_subscriber::registry().with(log_layer(verbose));
+    let logs = tracing_subscriber::registry().with(log_layer(verbose, format));
     #[cfg(feature = "otel")]
     if let Some(settings) = telemetry {
         let (traces, handle) = mcp_context::telemetry::otlp_layer(settings)?;
@@ -265,7 +293,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if matches!(cli.command, Command::DemoServer | Command::Policy { command: PolicyCommand::Check { path: Some(_) } })
         || is_hash_key(&cli.command)
     {
-        init_tracing(cli.verbose, None)?;
+        init_tracing(cli.verbose, cli.log_format, None)?;
     }
     if let Command::DemoServer = cli.command {
         tokio::select! {
@@ -290,8 +318,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let config_path = Config::locate(cli.config.as_deref());
-    let config = tracing::subscriber::with_default(log_subscriber(cli.verbose), || Config::load(&config_path))?;
-    let tracing = init_tracing(cli.verbose, config.telemetry.as_ref())?;
+    let config =
+        tracing::subscriber::with_default(log_subscriber(cli.verbose, cli.log_format), || Config::load(&config_path))?;
+    let tracing = init_tracing(cli.verbose, cli.log_format, config.telemetry.as_ref())?;
     let result = command(cli, config).await;
     tracing.end().await;
     result
@@ -300,6 +329,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// The commands that read the config.
 async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Audit { command } => cli_audit::run(&config, command).await,
         Command::List { server, json } => {
             let config = only_server(config, server.as_deref())?;
             let verbose = cli.verbose > 0;
@@ -328,6 +358,9 @@ async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
                     server_of(config.clone(), id).map(drop)?;
                 }
             }
+            // A preview sends nothing to a model: it is no injection, and leaves no audit record.
+            let mut config = config;
+            config.audit.sinks.clear();
             let ctx = tokio::select! {
                 ctx = McpContext::from_config(&config) => ctx?,
                 code = signalled() => return Ok(code),

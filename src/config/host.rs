@@ -62,7 +62,7 @@ pub(super) const FOREIGN_SERVER_KEYS: &[&str] = &[
 ];
 
 /// The top-level sections of our own that a `.json` config may also hold.
-const OWN_SECTIONS: &[&str] = &["servers", "mcpServers", "policy", "context", "serve", "cache"];
+const OWN_SECTIONS: &[&str] = &["servers", "mcpServers", "policy", "context", "serve", "cache", "audit"];
 
 /// The keys of [`ContextSettings`]: a `context` holding any other key is
 /// Gemini CLI's (`fileName`, `includeDirectories`…), not ours.

@@ -19,7 +19,7 @@
 //! says otherwise, so relative `args` mean the same from anywhere.
 //!
 //! One file per owner: [`servers`] (the server map), [`context`] (the
-//! `context:` section), [`cache`] (`cache:`), [`serve`] (`serve:`), [`host`]
+//! `context:` section), [`cache`] (`cache:`), [`serve`] (`serve:`), [`audit`] (`audit:`), [`host`]
 //! (other hosts' `.json` configs), [`env`] (`${VAR}` expansion); loading and
 //! the collection of problems are here. Every problem of a file is reported
 //! in one run, each with its line and column (as the policy loader does):
@@ -27,6 +27,7 @@
 //! May import the located YAML tree, ids, the error type and the
 //! composition defaults (`SelectMode`, chunk sizes); nothing above them.
 
+mod audit;
 mod cache;
 mod context;
 mod env;
@@ -41,6 +42,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use self::audit::RawAudit;
+pub use self::audit::{
+    AuditSettings, AuditSink, DEFAULT_AUDIT_BATCH, DEFAULT_AUDIT_FILE_KEEP, DEFAULT_AUDIT_FILE_MAX_BYTES,
+    DEFAULT_AUDIT_QUEUE, DEFAULT_AUDIT_SCHEMA, DEFAULT_AUDIT_TABLE,
+};
 use self::cache::RawCache;
 pub use self::cache::{CacheBackend, CacheSettings, DEFAULT_KEY_PREFIX, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL};
 pub use self::context::{ContextSettings, DEFAULT_WARM_MEMO_MAX_BYTES};
@@ -114,6 +120,8 @@ struct RawConfig {
     cache: Lenient<Option<RawCache>>,
     #[serde(default)]
     telemetry: Lenient<Option<telemetry::RawTelemetry>>,
+    #[serde(default)]
+    audit: Lenient<Option<RawAudit>>,
 }
 
 /// Every problem found in one config file (and the `keys_file` it names).
@@ -191,6 +199,8 @@ pub struct Config {
     pub cache: CacheSettings,
     /// The `telemetry:` section (no traces exported when absent).
     pub telemetry: Option<TelemetrySettings>,
+    /// The `audit:` section (no records when absent).
+    pub audit: AuditSettings,
 }
 
 impl Config {
@@ -279,16 +289,18 @@ impl Config {
                 .map_err(|problems| problems.into_iter().for_each(|e| found.push(e)))
                 .ok()
         });
+        let audit = match raw.audit.0.flatten() {
+            None => AuditSettings::default(),
+            Some(raw) => {
+                audit::settings(raw, root.get("audit").unwrap_or(&root), path, &base, env).unwrap_or_else(|problems| {
+                    problems.into_iter().for_each(|e| found.push(e));
+                    AuditSettings::default()
+                })
+            }
+        };
         found.finish()?;
-        Ok(Config {
-            path: path.to_owned(),
-            servers,
-            policy: raw.policy.map(|p| base.join(p)),
-            context,
-            serve,
-            cache,
-            telemetry,
-        })
+        let policy = raw.policy.map(|p| base.join(p));
+        Ok(Config { path: path.to_owned(), servers, policy, context, serve, cache, telemetry, audit })
     }
 
     /// The server of that name.

@@ -456,3 +456,51 @@ mod memory_bounds {
         }
     }
 }
+
+mod audit {
+    use secrecy::ExposeSecret;
+
+    use super::super::*;
+
+    fn load(src: &str) -> Result<Config> {
+        let env = |k: &str| (k == "PG_PASSWORD").then(|| "s3cret".to_owned());
+        Config::from_yaml_with_env(src, Path::new("/etc/mc/mcp-context.yaml"), &env)
+    }
+
+    #[test]
+    fn sinks_are_read_with_their_defaults_and_the_url_is_a_secret() {
+        assert!(load("servers: {}\n").unwrap().audit.sinks.is_empty());
+        let c = load(
+            "audit:\n  sinks:\n    - file: { path: a/audit.jsonl }\n    - postgres: { url: \"postgres://u:${PG_PASSWORD}@db/ops\", schema: ops }\n  queue: 50\n",
+        )
+        .unwrap();
+        assert_eq!(c.audit.queue, 50);
+        assert_eq!(c.audit.batch, DEFAULT_AUDIT_BATCH);
+        match &c.audit.sinks[..] {
+            [AuditSink::File { path, max_bytes, keep }, AuditSink::Postgres { url, schema, table }] => {
+                assert_eq!(path, Path::new("/etc/mc/a/audit.jsonl"));
+                assert_eq!((*max_bytes, *keep), (DEFAULT_AUDIT_FILE_MAX_BYTES, DEFAULT_AUDIT_FILE_KEEP));
+                assert_eq!(url.expose_secret(), "postgres://u:s3cret@db/ops");
+                assert!(!format!("{:?}", c.audit).contains("s3cret"));
+                assert_eq!((schema.as_str(), table.as_str()), ("ops", DEFAULT_AUDIT_TABLE));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_bad_sink_is_located() {
+        let e = load(
+            "audit:\n  sinks:\n    - file: { path: x }\n      postgres: { url: \"postgres://h/d\" }\n    - postgres: { url: \"mysql://h/d\", table: \"a-b\" }\n  batch: 0\n",
+        )
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(text.starts_with("/etc/mc/mcp-context.yaml:3:"), "{text}");
+        assert!(text.contains("either `file:` or `postgres:`"), "{text}");
+        assert!(text.contains(":5:") && text.contains("must start with postgres://"), "{text}");
+        assert!(text.contains("postgres.table `a-b`"), "{text}");
+        assert!(text.contains(":6:") && text.contains("audit.batch must be at least 1"), "{text}");
+        let e = load("audit:\n  sinks:\n    - kafka: {}\n").unwrap_err();
+        assert!(e.to_string().contains(":3:"), "{e}");
+    }
+}

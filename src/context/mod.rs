@@ -17,12 +17,13 @@
 //! is still right).
 //!
 //! Layer: orchestrator. Imports every layer below it (composition, `inject`, settings, access,
-//! sources); no adapter (`tools`, `client`) or proxy: those import it.
+//! sources, the audit sinks); no adapter (`tools`, `client`) or proxy: those import it.
 
 use std::sync::Arc;
 
 use async_openai::types::chat::CreateChatCompletionRequest;
 
+use crate::audit::{AuditRecord, AuditSinkStatus, Auditor, Origin};
 use crate::cache::ContentCache;
 use crate::compose::{ChunkIndex, Query};
 use crate::config::{Config, ContextSettings};
@@ -203,6 +204,8 @@ pub struct McpContext {
     warm: WarmMemo,
     chunks: Arc<ChunkIndex>,
     tokenizers: std::sync::Mutex<std::collections::HashMap<String, (Tokenizer, Option<String>)>>,
+    /// The audit trail's sinks (`audit:`), if any.
+    audit: Option<Auditor>,
 }
 
 impl McpContext {
@@ -257,6 +260,7 @@ impl McpContext {
                     .with_max_bytes(config.context.chunk_index_max_bytes),
             ),
             tokenizers: std::sync::Mutex::default(),
+            audit: Auditor::start(&config.audit),
         }
     }
 
@@ -355,6 +359,20 @@ impl McpContext {
         req: &ContextRequest,
         query: Option<Query>,
     ) -> Result<(Option<ContextMessage>, Report)> {
+        let built = self.build_unaudited(req, query).await?;
+        if let Some(record) = self.audit_record(&built.1, built.0.as_ref(), Origin::library()) {
+            self.audit(record);
+        }
+        Ok(built)
+    }
+
+    /// [`McpContext::build_ranked`] without its audit record: `serve` writes
+    /// the record itself once the upstream has answered.
+    pub(crate) async fn build_unaudited(
+        &self,
+        req: &ContextRequest,
+        query: Option<Query>,
+    ) -> Result<(Option<ContextMessage>, Report)> {
         let query = req.query.as_deref().map(Query::text).or(query);
         let span = tracing::info_span!(
             "mcp_context.inject",
@@ -371,6 +389,40 @@ impl McpContext {
         // Reads started ahead serve the first build only.
         self.hub.stop_reading_ahead();
         built
+    }
+
+    /// The audit record of an injection, when the audit trail is on.
+    pub(crate) fn audit_record(
+        &self,
+        report: &Report,
+        message: Option<&ContextMessage>,
+        origin: Origin,
+    ) -> Option<AuditRecord> {
+        let auditor = self.audit.as_ref()?;
+        let roles = self.policy().for_user(&report.user).roles().to_vec();
+        let content = message.map(|m| m.content.as_str());
+        Some(AuditRecord::new(report, content, &roles, origin, auditor.denied_ids()))
+    }
+
+    /// Hands a record to the audit sinks (never waits; a full queue drops it, counted).
+    pub(crate) fn audit(&self, record: AuditRecord) {
+        if let Some(a) = &self.audit {
+            a.submit(record);
+        }
+    }
+
+    /// Each audit sink's state (empty without `audit:` sinks): what
+    /// `/metrics` and `/readyz` show.
+    pub fn audit_status(&self) -> Vec<AuditSinkStatus> {
+        self.audit.as_ref().map(Auditor::status).unwrap_or_default()
+    }
+
+    /// Waits, at most `within`, until every audit record so far is written
+    /// (or dropped, when its sink is down).
+    pub async fn flush_audit(&self, within: std::time::Duration) {
+        if let Some(a) = &self.audit {
+            a.flush(within).await;
+        }
     }
 
     async fn run(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
@@ -463,8 +515,10 @@ impl McpContext {
         Ok((request, report))
     }
 
-    /// Ends every server connection. Call before the runtime stops.
+    /// Ends every server connection, after writing the audit records still
+    /// queued (at most 5 s). Call before the runtime stops.
     pub async fn close(&self) {
+        self.flush_audit(std::time::Duration::from_secs(5)).await;
         self.hub.close().await;
     }
 }

@@ -33,6 +33,18 @@ pub(super) enum Source {
     Anonymous,
 }
 
+impl Source {
+    /// Its name in the audit trail.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Source::Key => "key",
+            Source::Header => "header",
+            Source::Body => "body",
+            Source::Anonymous => "anonymous",
+        }
+    }
+}
+
 /// Who is calling, as far as the headers tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum FromHeaders {

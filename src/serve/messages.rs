@@ -163,10 +163,10 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     let headers = identity_headers(&parts.headers)?;
     let (who, budgets) = super::caller(state, &headers).map_err(for_messages_callers)?;
     drop(headers);
-    let user = match who {
-        FromHeaders::User(u, _) => u,
+    let (user, source) = match who {
+        FromHeaders::User(u, source) => (u, source),
         // The Messages API has no `user` field: anonymous_user, else 401.
-        FromHeaders::Body => identity::from_body(s, None).map_err(for_messages_callers)?.0,
+        FromHeaders::Body => identity::from_body(s, None).map_err(for_messages_callers)?,
     };
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
     let mut obj = JsonObject::parse(&read.bytes)?;
@@ -216,7 +216,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         SelectMode::Priority => None,
         _ => crate::messages::messages_query_json(&serde_json::json!({ "messages": messages })),
     };
-    let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
+    let (message, report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(
             axum::http::StatusCode::INTERNAL_SERVER_ERROR,
@@ -225,6 +225,12 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
             format!("The context could not be built: {e}"),
         )
     })?;
+    let route = match endpoint {
+        Endpoint::Messages => "/v1/messages",
+        Endpoint::CountTokens => "/v1/messages/count_tokens",
+    };
+    let ids = parts.extensions.get::<super::audit::Ids>();
+    let pending = super::audit::begin(&state.ctx, ids, route, source, &report, message.as_ref());
     match message.as_ref().map(|m| m.content.as_str()) {
         Some(content) => {
             kept.push(raw(&context_block_json(content, others)));
@@ -241,6 +247,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
 
     let mut headers = anthropic.upstream.headers_for_upstream(&parts.headers);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    super::audit::Ids::propagate(ids, &mut headers);
     if anthropic.forward {
         // The upstream authenticates the caller with the caller's own header.
         if let Some(k) = parts.headers.get(&X_API_KEY) {
@@ -258,7 +265,9 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
             headers,
             body: forwarded.into(),
         })
-        .await?;
+        .await;
+    pending.finish(&state.ctx, relayed.as_ref());
+    let relayed = relayed?;
     drop(read);
     let label = match endpoint {
         Endpoint::Messages => "/messages",

@@ -8,6 +8,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::audit::AuditSinkStatus;
 use crate::servers::Hub;
 use crate::{ExcludeReason, Report, SharedCacheStatus};
 
@@ -34,6 +35,10 @@ pub(super) struct Metrics {
     /// The shared cache's totals at the last scrape (its counters are the
     /// engine's; these turn them into increments).
     shared_last: std::sync::Mutex<[u64; 6]>,
+    audit_records: Family<Labels, Counter>,
+    audit_up: Family<Labels, Gauge>,
+    /// Each audit sink's totals at the last scrape, by position.
+    audit_last: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
 fn latency_buckets() -> Histogram {
@@ -106,7 +111,18 @@ impl Metrics {
                 shared_invalidations.clone(),
             );
         }
+        let audit_records = Family::<Labels, Counter>::default();
+        registry.register(
+            "audit_records",
+            "Audit records by sink (file, postgres) and outcome: written, or dropped (queue full or sink down)",
+            audit_records.clone(),
+        );
+        let audit_up = Family::<Labels, Gauge>::default();
+        registry.register("audit_sink_up", "1 when the audit sink's last write went through", audit_up.clone());
         Self {
+            audit_records,
+            audit_up,
+            audit_last: std::sync::Mutex::default(),
             shared_up,
             shared_hits,
             shared_derived,
@@ -152,7 +168,25 @@ impl Metrics {
 
     /// The text exposition, with the per-server gauges read from the hub
     /// and the shared cache's state read now.
-    pub(super) fn render(&self, hub: &Hub, shared: Option<SharedCacheStatus>) -> String {
+    pub(super) fn render(&self, hub: &Hub, shared: Option<SharedCacheStatus>, audit: &[AuditSinkStatus]) -> String {
+        {
+            let mut last = self.audit_last.lock().unwrap_or_else(|p| p.into_inner());
+            last.resize(audit.len(), (0, 0));
+            for (i, (a, l)) in audit.iter().zip(last.iter_mut()).enumerate() {
+                // Two sinks of one kind are told apart by position.
+                let sink = if audit.iter().filter(|b| b.sink == a.sink).count() > 1 {
+                    format!("{}{i}", a.sink)
+                } else {
+                    a.sink.clone()
+                };
+                let written = vec![("sink", sink.clone()), ("outcome", "written".to_owned())];
+                self.audit_records.get_or_create(&written).inc_by(a.written.saturating_sub(l.0));
+                let dropped = vec![("sink", sink.clone()), ("outcome", "dropped".to_owned())];
+                self.audit_records.get_or_create(&dropped).inc_by(a.dropped.saturating_sub(l.1));
+                self.audit_up.get_or_create(&vec![("sink", sink)]).set(i64::from(a.up));
+                *l = (a.written, a.dropped);
+            }
+        }
         for s in hub.status() {
             self.restarts.get_or_create(&vec![("server", s.name.clone())]).set(i64::from(s.restarts));
             self.connected.get_or_create(&vec![("server", s.name)]).set(i64::from(s.connected));

@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+mod audit;
 mod body;
 mod created;
 mod error;
@@ -41,6 +42,7 @@ mod owners;
 mod path;
 mod relay;
 mod routes;
+mod status;
 mod usage;
 
 use std::net::SocketAddr;
@@ -52,7 +54,6 @@ use std::time::Instant;
 use crate::settings::{ServeSettings, UpstreamUser};
 use crate::{Config, ContextRequest, ExcludeReason, McpContext, Policy, Report};
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -133,7 +134,9 @@ fn router(state: Shared) -> Router {
 /// for the others), never under the caller's spelling.
 ///
 /// Each request runs in the server span `mcp_context.request`, a child of the
-/// caller's trace when it sent a W3C `traceparent` (with traces on).
+/// caller's trace when it sent a W3C `traceparent` (with traces on); an
+/// injecting request's ids (`request_id`, `trace_id`: the audit record's)
+/// are fields of it, so every event of the request carries them.
 async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
     let decided = decide(&state, &req);
     let label = match &decided {
@@ -147,6 +150,8 @@ async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
         http.request.method = %req.method(),
         http.route = label,
         http.response.status_code = tracing::field::Empty,
+        request_id = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
     );
     crate::telemetry::continue_from(&span, req.headers());
     let (label, response) = tracing::Instrument::instrument(handle(state.clone(), req, decided), span.clone()).await;
@@ -158,7 +163,7 @@ async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
 /// The route's handler, or the refusal; with the route's metrics label.
 async fn handle(
     state: Shared,
-    req: Request,
+    mut req: Request,
     decided: Result<Route, (&'static str, ApiError)>,
 ) -> (&'static str, Response) {
     match decided {
@@ -167,19 +172,31 @@ async fn handle(
         Err((label, e)) => (label, e.into_response()),
         Ok(route) => {
             let label = route.label();
-            let r = match route {
-                Route::Chat => inject_and_forward(&state, req, Kind::Chat).await,
-                Route::Responses => inject_and_forward(&state, req, Kind::Responses).await,
-                Route::CreateConversation => relay_other(&state, req, Some(Stored::Conversation)).await,
-                Route::StoredObject { kind, id } => stored_object(&state, req, kind, &id).await,
-                Route::Passthrough => relay_other(&state, req, None).await,
-                Route::Messages => Ok(messages::handle(&state, req, messages::Endpoint::Messages).await),
-                Route::CountTokens => Ok(messages::handle(&state, req, messages::Endpoint::CountTokens).await),
-                Route::Root => Ok(axum::http::StatusCode::OK.into_response()),
-                Route::Health => Ok("ok\n".into_response()),
-                Route::Ready => Ok(readyz(&state)),
-                Route::Metrics => Ok(metrics(&state)),
-            };
+            // Injecting routes get their ids now: the record reads them, and every event of the request is
+            // logged in the span that carries them.
+            if matches!(route, Route::Chat | Route::Responses | Route::Messages | Route::CountTokens) {
+                let ids = audit::Ids::of(req.headers());
+                tracing::Span::current()
+                    .record("request_id", ids.request_id.as_str())
+                    .record("trace_id", ids.trace_id.as_str());
+                req.extensions_mut().insert(ids);
+            }
+            let r = async {
+                match route {
+                    Route::Chat => inject_and_forward(&state, req, Kind::Chat).await,
+                    Route::Responses => inject_and_forward(&state, req, Kind::Responses).await,
+                    Route::CreateConversation => relay_other(&state, req, Some(Stored::Conversation)).await,
+                    Route::StoredObject { kind, id } => stored_object(&state, req, kind, &id).await,
+                    Route::Passthrough => relay_other(&state, req, None).await,
+                    Route::Messages => Ok(messages::handle(&state, req, messages::Endpoint::Messages).await),
+                    Route::CountTokens => Ok(messages::handle(&state, req, messages::Endpoint::CountTokens).await),
+                    Route::Root => Ok(axum::http::StatusCode::OK.into_response()),
+                    Route::Health => Ok("ok\n".into_response()),
+                    Route::Ready => Ok(status::readyz(&state)),
+                    Route::Metrics => Ok(status::metrics(&state)),
+                }
+            }
+            .await;
             (label, r.unwrap_or_else(IntoResponse::into_response))
         }
     }
@@ -266,7 +283,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     let s = &state.settings;
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
     let mut obj = JsonObject::parse(&read.bytes)?;
-    let (user, _source) = match who {
+    let (user, source) = match who {
         FromHeaders::User(u, src) => (u, src),
         FromHeaders::Body => identity::from_body(s, Some(&obj))?,
     };
@@ -299,7 +316,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     // Relevance mode ranks by the conversation: the latest user turn, earlier
     // ones with less weight, exactly as the library's typed `inject`.
     let query = crate::compose::Query::from_chat_json(&query_body);
-    let (message, report) = state.ctx.build_ranked(&request, query).await.map_err(|e| {
+    let (message, report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -308,6 +325,12 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
             format!("The context could not be built: {e}"),
         )
     })?;
+    let route = match kind {
+        Kind::Chat => "/v1/chat/completions",
+        Kind::Responses => "/v1/responses",
+    };
+    let ids = parts.extensions.get::<audit::Ids>();
+    let pending = audit::begin(&state.ctx, ids, route, source, &report, message.as_ref());
     let content = message.as_ref().map(|m| m.content.as_str());
     match kind {
         Kind::Chat => {
@@ -339,6 +362,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
 
     let mut headers = state.upstream.headers_for_upstream(&parts.headers);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    audit::Ids::propagate(ids, &mut headers);
     let path: &[&str] = match kind {
         Kind::Chat => &["chat", "completions"],
         Kind::Responses => &["responses"],
@@ -350,7 +374,9 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     let relayed = state
         .upstream
         .send(Outgoing { method: Method::POST, path, query: parts.uri.query(), headers, body: forwarded.into() })
-        .await?;
+        .await;
+    pending.finish(&state.ctx, relayed.as_ref());
+    let relayed = relayed?;
     // The body's share of the budget is held until the upstream has it.
     drop(read);
     state.metrics.upstream(label, relayed.waited.as_secs_f64());
@@ -555,62 +581,6 @@ async fn relay_other(state: &Shared, req: Request, created: Option<Stored>) -> R
         (Some(kind), Some(user)) => Ok(created::record(relayed.response, kind, user, state.owners.clone()).await),
         _ => Ok(relayed.response),
     }
-}
-
-/// Ready once the config and policy are loaded (they are, or the process
-/// would not be listening); MCP servers or the shared cache being down is
-/// `degraded`, still 200. While draining after SIGTERM: 503. Only the status
-/// is shown (anyone may ask); `serve.readyz_details: true` adds the policy
-/// path, each server's state and the shared cache's.
-fn readyz(state: &AppState) -> Response {
-    let status = state.ctx.hub().status();
-    // A shared cache that is down degrades, never blocks: requests go on
-    // with the local cache and MCP reads.
-    let shared = state.ctx.shared_cache_status();
-    let degraded = status.iter().any(|s| !s.connected) || shared.as_ref().is_some_and(|s| !s.up);
-    let draining = state.draining.load(Ordering::SeqCst);
-    let word = if draining {
-        "draining"
-    } else if degraded {
-        "degraded"
-    } else {
-        "ready"
-    };
-    let mut body = serde_json::json!({ "status": word });
-    if state.settings.readyz_details {
-        let servers: Vec<_> = status
-            .into_iter()
-            .map(|s| {
-                serde_json::json!({
-                    "name": s.name,
-                    "state": if s.connected { "connected" } else { "down" },
-                    "protocol": s.protocol,
-                    "resources": s.resources,
-                    "restarts": s.restarts,
-                    "problem": s.problem,
-                })
-            })
-            .collect();
-        body["policy"] = state
-            .policy_path
-            .as_ref()
-            .map_or("allow-all (no policy configured)".into(), |p| p.display().to_string())
-            .into();
-        body["servers"] = servers.into();
-        body["shared_cache"] = serde_json::to_value(shared).unwrap_or_default();
-    }
-    let code = if draining { axum::http::StatusCode::SERVICE_UNAVAILABLE } else { axum::http::StatusCode::OK };
-    (code, axum::Json(body)).into_response()
-}
-
-fn metrics(state: &AppState) -> Response {
-    let text = state.metrics.render(state.ctx.hub(), state.ctx.shared_cache_status());
-    let mut r = Response::new(Body::from(text));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    );
-    r
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 mod handler;
 
 mod attack;
+mod audit;
 mod bench;
 mod cache;
 mod chatbot;

@@ -310,6 +310,11 @@ impl Proxy {
     /// A proxy with this whole config file (next to a copy of the demo
     /// policies, in `policies/`).
     pub async fn start_config(body: &str, upstream: &str, tag: String) -> Proxy {
+        Self::start_config_with(body, upstream, tag, &[]).await
+    }
+
+    /// [`Proxy::start_config`] with more arguments for `serve`.
+    pub async fn start_config_with(body: &str, upstream: &str, tag: String, extra: &[&str]) -> Proxy {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("policies")).unwrap();
         std::fs::copy(policies_dir().join("default.yaml"), dir.path().join("policies/default.yaml")).unwrap();
@@ -320,6 +325,7 @@ impl Proxy {
             .args(["serve", "--config"])
             .arg(&config)
             .args(["--listen", "127.0.0.1:0", "--upstream", upstream])
+            .args(extra)
             .env("MCP_TEST_TAG", &tag)
             .env("MCP_CONTEXT_LOG", "info,rmcp=off")
             .stdin(Stdio::null())

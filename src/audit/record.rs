@@ -1,0 +1,300 @@
+//! The audit record of one injection and how it is made from a [`Report`]
+//! and the message sent: never the content, only ids, digests and counts.
+//! Also the small helpers it needs: UTC timestamps, random ids, W3C
+//! `traceparent` parsing and the digest of each block of the message.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::report::{ExcludeReason, Report};
+
+/// One resource of an injection, as recorded: its id, the SHA-256 of the
+/// exact block sent (for passages, the block holding the passage set), its
+/// tokens and whether it was cut.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct AuditResource {
+    /// `server:uri`.
+    pub id: String,
+    /// Hex SHA-256 of the block as it was in the message (`<resource …>` line to `</resource>` line, inclusive).
+    pub sha256: String,
+    /// Tokens of the block.
+    pub tokens: usize,
+    /// Cut to fit the budget.
+    #[serde(default)]
+    pub truncated: bool,
+    /// Relevance mode sent passages of it rather than the whole resource.
+    #[serde(default)]
+    pub passages: bool,
+}
+
+/// What one injection gave whom, for the audit trail: one per injection,
+/// written by the library when it builds a context, or by `serve` once the
+/// upstream has answered (then with the upstream's status and latency).
+/// Never holds resource content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct AuditRecord {
+    /// When the injection was built, RFC 3339 UTC with milliseconds.
+    pub at: String,
+    /// This request's id: the caller's `x-request-id` when it sent a usable one, else random (32 hex digits).
+    pub request_id: String,
+    /// The W3C trace id: the caller's `traceparent`'s when it sent one, else random (32 hex digits).
+    pub trace_id: String,
+    /// `/v1/chat/completions`, `/v1/responses`, `/v1/messages`, `/v1/messages/count_tokens`; `library` for an
+    /// injection made by the library itself.
+    pub route: String,
+    /// The model whose tokenizer counted (the request's).
+    pub model: String,
+    /// The user the context was built for.
+    pub user: String,
+    /// How the user was identified: `key`, `header`, `body`, `anonymous` (serve); `library` (named by the
+    /// application).
+    pub identity_source: String,
+    /// The user's roles under the policy in force.
+    pub roles: Vec<String>,
+    /// `priority` or `relevance`; absent when nothing was composed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// The budget applied.
+    pub budget: usize,
+    /// Tokens of the message sent (0: nothing injected).
+    pub tokens: usize,
+    /// Each resource sent, in message order.
+    pub included: Vec<AuditResource>,
+    /// Resources left out, counted by reason (`denied`, `audience`, `budget`, `error`, `not found`).
+    pub excluded: BTreeMap<String, usize>,
+    /// The ids of the denied resources (the operator's view; `audit.denied_ids: false` leaves them out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied: Vec<String>,
+    /// Servers that could not be used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers_failed: Vec<String>,
+    /// The upstream's HTTP status (serve); absent when it was not reached or for the library.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_status: Option<u16>,
+    /// Milliseconds until the upstream's response headers (serve).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_ms: Option<f64>,
+    /// Milliseconds the injection took.
+    pub injection_ms: f64,
+}
+
+/// Where an injection came from, for its record.
+#[derive(Debug, Clone)]
+pub(crate) struct Origin {
+    pub(crate) route: String,
+    pub(crate) identity_source: String,
+    pub(crate) request_id: String,
+    pub(crate) trace_id: String,
+}
+
+impl Origin {
+    /// An injection the library made for an application.
+    pub(crate) fn library() -> Self {
+        Origin {
+            route: "library".into(),
+            identity_source: "library".into(),
+            request_id: random_hex(),
+            trace_id: random_hex(),
+        }
+    }
+}
+
+impl AuditRecord {
+    /// The record of `report`, whose message (if any) is `message`.
+    pub(crate) fn new(
+        report: &Report,
+        message: Option<&str>,
+        roles: &[String],
+        origin: Origin,
+        denied_ids: bool,
+    ) -> Self {
+        let mut blocks = message.map(block_digests).unwrap_or_default();
+        let included = report
+            .included
+            .iter()
+            .map(|i| AuditResource {
+                sha256: blocks.remove(&i.id).map(hex).unwrap_or_default(),
+                id: i.id.clone(),
+                tokens: i.tokens,
+                truncated: i.truncated,
+                passages: i.chunks.is_some(),
+            })
+            .collect();
+        let mut excluded = BTreeMap::new();
+        let mut denied = Vec::new();
+        for e in report.excluded.iter() {
+            *excluded.entry(e.reason.to_string()).or_insert(0) += 1;
+            if denied_ids && e.reason == ExcludeReason::Denied {
+                denied.push(e.id.clone());
+            }
+        }
+        AuditRecord {
+            at: now_rfc3339(),
+            request_id: origin.request_id,
+            trace_id: origin.trace_id,
+            route: origin.route,
+            model: report.model.clone(),
+            user: report.user.clone(),
+            identity_source: origin.identity_source,
+            roles: roles.to_vec(),
+            mode: report.mode.map(|m| m.to_string()),
+            budget: report.budget,
+            tokens: report.tokens,
+            included,
+            excluded,
+            denied,
+            servers_failed: report.failed_servers.iter().map(|f| f.server.clone()).collect(),
+            upstream_status: None,
+            upstream_ms: None,
+            injection_ms: report.timings.total_ms,
+        }
+    }
+}
+
+/// The SHA-256 of each resource block of a message, by `server:uri`. A block
+/// is the text from a line starting with `<resource id="` to the next line
+/// equal to `</resource>`, both included (the renderer guarantees one of
+/// each per block: resource text cannot open or close one). Two blocks of
+/// one id (never made today) would be hashed together, in order.
+fn block_digests(message: &str) -> HashMap<String, Sha256> {
+    let mut out: HashMap<String, Sha256> = HashMap::new();
+    let mut rest = message;
+    let mut offset_in_line_start = true;
+    while !rest.is_empty() {
+        let Some(start) = find_line_start(rest, "<resource id=\"", offset_in_line_start) else { break };
+        let block = &rest[start..];
+        let end = find_line_start(block, "</resource>", false)
+            .map_or(block.len(), |e| (e + "</resource>".len()).min(block.len()));
+        let head = &block["<resource id=\"".len()..];
+        let id = unescape(&head[..head.find('"').unwrap_or(0)]);
+        out.entry(id).or_default().update(&block.as_bytes()[..end]);
+        rest = &block[end..];
+        offset_in_line_start = false;
+    }
+    out
+}
+
+/// The offset of the first line of `s` that starts with `needle` (`s` itself
+/// counting as a line start when `at_start`).
+fn find_line_start(s: &str, needle: &str, at_start: bool) -> Option<usize> {
+    if at_start && s.starts_with(needle) {
+        return Some(0);
+    }
+    let mut from = 0;
+    while let Some(i) = s[from..].find(needle) {
+        let at = from + i;
+        if at > 0 && s.as_bytes()[at - 1] == b'\n' {
+            return Some(at);
+        }
+        from = at + 1;
+    }
+    None
+}
+
+/// Undoes the renderer's attribute escaping (`&amp; &quot; &lt; &gt;`).
+fn unescape(s: &str) -> String {
+    s.replace("&quot;", "\"").replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+}
+
+fn hex(h: Sha256) -> String {
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// 16 random bytes in hex (a W3C trace id's size), or, should the system's
+/// generator fail, the hash of the time and a counter.
+pub(crate) fn random_hex() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let seed = format!("{:?}{}", std::time::SystemTime::now(), N.fetch_add(1, Ordering::Relaxed));
+        b.copy_from_slice(&Sha256::digest(seed.as_bytes())[..16]);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), if it is one (not all zeros).
+#[cfg(any(test, feature = "serve"))]
+pub(crate) fn trace_id_of(traceparent: &str) -> Option<String> {
+    let parts: Vec<&str> = traceparent.trim().split('-').collect();
+    let hex_of =
+        |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    match parts.as_slice() {
+        [v, t, p, f, ..]
+            if hex_of(v, 2)
+                && *v != "ff"
+                && hex_of(t, 32)
+                && hex_of(p, 16)
+                && hex_of(f, 2)
+                && t.bytes().any(|b| b != b'0') =>
+        {
+            Some((*t).to_owned())
+        }
+        _ => None,
+    }
+}
+
+/// A caller's request id we keep: 1 to 128 printable ASCII characters.
+#[cfg(feature = "serve")]
+pub(crate) fn usable_request_id(id: &str) -> Option<String> {
+    (!id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic())).then(|| id.to_owned())
+}
+
+/// Now, RFC 3339 UTC with milliseconds.
+pub(crate) fn now_rfc3339() -> String {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    rfc3339(d.as_secs() as i64, d.subsec_millis())
+}
+
+/// `secs` since the epoch as RFC 3339 UTC (`2026-12-02T14:00:00.000Z`).
+pub(crate) fn rfc3339(secs: i64, millis: u32) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_795_000_000, 42), "2026-11-18T11:06:40.042Z");
+        assert_eq!(rfc3339(951_782_400, 0), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn traceparents_are_checked() {
+        let t = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(trace_id_of(t).as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        assert_eq!(trace_id_of("00-00000000000000000000000000000000-00f067aa0ba902b7-01"), None);
+        assert_eq!(trace_id_of("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"), None);
+        assert_eq!(trace_id_of("garbage"), None);
+        assert_eq!(random_hex().len(), 32);
+    }
+
+    #[test]
+    fn each_block_is_hashed_exactly_as_sent() {
+        let a = "<resource id=\"d:x://a?b=1&amp;c\" name=\"a\">\nbody with </resource in it\n</resource>";
+        let b = "<resource id=\"d:x://b\">\nother\n</resource>";
+        let msg = format!("preamble\n\n{a}\n\n{b}\n");
+        let got = block_digests(&msg);
+        assert_eq!(got.len(), 2);
+        assert_eq!(hex(got["d:x://a?b=1&c"].clone()), hex(Sha256::new_with_prefix(a)));
+        assert_eq!(hex(got["d:x://b"].clone()), hex(Sha256::new_with_prefix(b)));
+    }
+}
