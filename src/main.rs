@@ -61,6 +61,10 @@ enum Command {
         /// The user whose policy applies.
         #[arg(long, default_value = "anonymous")]
         user: String,
+        /// Roles from the user's identity provider (mapped groups), added to their policy entry's, as a verified
+        /// token's would be.
+        #[arg(long, value_name = "ROLE,...", value_delimiter = ',')]
+        roles: Vec<String>,
         /// Token budget (overrides context.max_tokens).
         #[arg(long)]
         budget: Option<usize>,
@@ -125,9 +129,22 @@ enum PolicyCommand {
         /// The user.
         #[arg(long)]
         user: String,
+        /// Roles from the user's identity provider (mapped groups), added to their policy entry's.
+        #[arg(long, value_name = "ROLE,...", value_delimiter = ',')]
+        roles: Vec<String>,
         /// SERVER:URI
         id: String,
     },
+}
+
+/// Roles given on the command line must be the policy's: an unknown one would silently grant nothing.
+fn known_roles(policy: &Policy, roles: &[String]) -> anyhow::Result<()> {
+    let unknown: Vec<&str> = roles.iter().filter(|r| !policy.has_role(r)).map(String::as_str).collect();
+    if !unknown.is_empty() {
+        let defined: Vec<String> = policy.summary().roles.into_iter().map(|r| r.name).collect();
+        bail!("--roles: the policy defines no role {} (it defines: {})", unknown.join(", "), defined.join(", "));
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -241,7 +258,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
             .await
         }
-        Command::Preview { user, budget, model, select, query, mode, json } => {
+        Command::Preview { user, roles, budget, model, select, query, mode, json } => {
             let selection = if select.is_empty() {
                 None
             } else {
@@ -258,7 +275,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let servers = config.servers.len();
             let result = interruptible(&ctx, async {
+                known_roles(&ctx.policy(), &roles)?;
                 let mut req = ContextRequest::for_user(user.clone())
+                    .with_roles(roles)
                     .with_selection(selection)
                     .with_budget(budget)
                     .with_select(mode);
@@ -298,17 +317,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             policy_check(&p)
         }
-        Command::Policy { command: PolicyCommand::Explain { user, id } } => {
+        Command::Policy { command: PolicyCommand::Explain { user, roles, id } } => {
             let id = ResourceId::parse(&id)?;
             let policy = match &config.policy {
                 Some(p) => Policy::load(p)?,
                 None => Policy::allow_all(),
             };
+            known_roles(&policy, &roles)?;
             let config = server_of(config, &id)?;
             with_hub(&config, |hub| async move {
                 // The same gate as every other requested URI: decide on what would be read.
-                let up = policy.for_user(&user);
+                let up = policy.for_identity(&user, &roles);
                 let mut out = std::io::stdout().lock();
+                if !roles.is_empty() {
+                    writeln!(out, "roles: {} (the policy entry's and --roles)", up.roles().join(", "))?;
+                }
                 match mcp_context::access::admit(&hub, &up, &id) {
                     Err(why) => {
                         writeln!(out, "DENY {id} for user {user}")?;

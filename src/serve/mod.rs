@@ -91,6 +91,8 @@ struct AppState {
     hosts: Option<Vec<String>>,
     /// The Messages API upstream (`serve.anthropic`), if configured.
     anthropic: Option<messages::Anthropic>,
+    /// `serve.jwt`: the verifier of JWT bearers.
+    jwt: Option<crate::identity::JwtVerifier>,
 }
 
 type Shared = Arc<AppState>;
@@ -217,11 +219,15 @@ fn json_content_type(req: &Request, route: &Route) -> Result<(), ApiError> {
     }
 }
 
-/// Who is calling, from the headers, and the body budgets that caller draws on.
-fn caller<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<(FromHeaders, Vec<&'a Budget>), ApiError> {
-    let who = identity::from_headers(&state.settings, headers)?;
+/// Who is calling, from the headers (a JWT bearer verified first, with
+/// `serve.jwt`), and the body budgets that caller draws on.
+async fn caller<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<(FromHeaders, Vec<&'a Budget>), ApiError> {
+    let who = match identity::verified(state.jwt.as_ref(), headers, |r| state.metrics.auth_failure(r)).await? {
+        Some(id) => FromHeaders::User(id),
+        None => identity::from_headers(&state.settings, headers)?,
+    };
     let budgets = match &who {
-        FromHeaders::User(_, Source::Key | Source::Header) => vec![&state.bodies],
+        FromHeaders::User(id) if matches!(id.source, Source::Key | Source::Header | Source::Jwt) => vec![&state.bodies],
         _ => vec![&state.bodies, &state.unidentified],
     };
     Ok((who, budgets))
@@ -233,14 +239,15 @@ fn caller<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<(FromHeaders, 
 /// stored for the caller.
 async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
-    let (who, budgets) = caller(state, &parts.headers)?;
+    let (who, budgets) = caller(state, &parts.headers).await?;
     let s = &state.settings;
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
     let mut obj = JsonObject::parse(&read.bytes)?;
-    let (user, _source) = match who {
-        FromHeaders::User(u, src) => (u, src),
+    let who = match who {
+        FromHeaders::User(who) => who,
         FromHeaders::Body => identity::from_body(s, Some(&obj))?,
     };
+    let user = who.user.clone();
     // The turns the question is taken from, parsed once; the rest stays raw.
     let (field, turns) = match kind {
         Kind::Chat => match obj.get("messages").map(|m| serde_json::from_str::<Vec<Box<RawValue>>>(m.get())) {
@@ -265,7 +272,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     };
 
     let started = Instant::now();
-    let mut request = ContextRequest::for_user(user.clone());
+    let mut request = ContextRequest::for_user(user.clone()).with_identity(&who);
     request.model = obj.str_field("model").filter(|m| !m.is_empty());
     // Relevance mode ranks by the conversation: the latest user turn, earlier
     // ones with less weight, exactly as the library's typed `inject`.
@@ -450,26 +457,37 @@ fn compact_report(r: &Report) -> String {
     let user: String =
         r.user.chars().map(|c| if c.is_ascii_graphic() && c != ';' && c != '"' { c } else { '_' }).collect();
     let count = |reason: ExcludeReason| r.excluded.iter().filter(|e| e.reason == reason).count();
+    let clean = |s: &str| -> String {
+        s.chars().map(|c| if c.is_ascii_graphic() && !matches!(c, ';' | '"' | ',') { c } else { '_' }).collect()
+    };
+    // Who, by which source, with which roles: the caller's own, never what they are denied.
+    let mut who = String::new();
+    if let Some(source) = &r.identity {
+        who.push_str(&format!("; identity={}", clean(source)));
+    }
+    if !r.roles.is_empty() {
+        who.push_str(&format!("; roles={}", r.roles.iter().map(|x| clean(x)).collect::<Vec<_>>().join(",")));
+    }
     format!(
-        "user={user}; tokens={}/{}; included={}; truncated={}; over_budget={}; errors={}; failed={}",
+        "user={user}; tokens={}/{}; included={}; truncated={}; over_budget={}; errors={}; failed={}{who}",
         r.tokens,
         r.budget,
         r.included.len(),
         r.included.iter().filter(|i| i.truncated).count(),
         count(ExcludeReason::Budget),
         count(ExcludeReason::Error),
-        r.failed_servers.len()
+        r.failed_servers.len(),
     )
 }
 
 /// A stored object: relayed only for its owner; anyone else gets the 404 a
 /// missing id gets, and the upstream is not asked.
 async fn stored_object(state: &Shared, req: Request, kind: Stored, id: &str) -> Result<Response, ApiError> {
-    let (who, _) = caller(state, req.headers())?;
+    let (who, _) = caller(state, req.headers()).await?;
     let user = match who {
-        FromHeaders::User(u, _) => u,
+        FromHeaders::User(who) => who.user,
         // No body names anyone on a read: anonymous_user, else 401.
-        FromHeaders::Body => identity::from_body(&state.settings, None)?.0,
+        FromHeaders::Body => identity::from_body(&state.settings, None)?.user,
     };
     owned(state, kind, id, &user).await?;
     relay_other(state, req, None).await
@@ -486,10 +504,10 @@ async fn relay_other(state: &Shared, req: Request, created: Option<Stored>) -> R
     let (who, budgets) = if s.forward_authorization && created.is_none() {
         (None, vec![&state.bodies, &state.unidentified])
     } else {
-        let (who, budgets) = caller(state, &parts.headers)?;
+        let (who, budgets) = caller(state, &parts.headers).await?;
         let user = match who {
-            FromHeaders::User(u, _) => u,
-            FromHeaders::Body => identity::from_body(s, None)?.0,
+            FromHeaders::User(who) => who.user,
+            FromHeaders::Body => identity::from_body(s, None)?.user,
         };
         (Some(user), budgets)
     };
@@ -538,7 +556,9 @@ fn readyz(state: &AppState) -> Response {
     // A shared cache that is down degrades, never blocks: requests go on
     // with the local cache and MCP reads.
     let shared = state.ctx.shared_cache_status();
-    let degraded = status.iter().any(|s| !s.connected) || shared.as_ref().is_some_and(|s| !s.up);
+    // The identity provider unreachable: the keys held keep verifying, but rotation would not be seen.
+    let idp = state.jwt.as_ref().and_then(crate::identity::JwtVerifier::problem);
+    let degraded = status.iter().any(|s| !s.connected) || shared.as_ref().is_some_and(|s| !s.up) || idp.is_some();
     let draining = state.draining.load(Ordering::SeqCst);
     let word = if draining {
         "draining"
@@ -548,6 +568,9 @@ fn readyz(state: &AppState) -> Response {
         "ready"
     };
     let mut body = serde_json::json!({ "status": word });
+    if let Some(problem) = idp {
+        body["identity_provider"] = problem.into();
+    }
     if state.settings.readyz_details {
         let servers: Vec<_> = status
             .into_iter()
