@@ -171,9 +171,10 @@ pub(super) fn settings(
         for a in &algs {
             match crate::identity::parse_algorithm_name(a) {
                 None => fail(err("algorithms", format!("`{a}` is not accepted (`none` never is)"))),
-                Some(true) if s.hmac_secret.is_none() => {
-                    fail(err("algorithms", format!("`{a}` needs `hmac_secret`: HMAC tokens verify only with a shared secret")))
-                }
+                Some(true) if s.hmac_secret.is_none() => fail(err(
+                    "algorithms",
+                    format!("`{a}` needs `hmac_secret`: HMAC tokens verify only with a shared secret"),
+                )),
                 _ => {}
             }
         }

@@ -468,9 +468,7 @@ pub(super) fn settings(
     let jwt_node = node.get("jwt");
     let has_jwt = raw.jwt.is_some();
     #[cfg(feature = "jwt")]
-    let jwt = raw.jwt.and_then(|j| {
-        super::jwt::settings(j, jwt_node.unwrap_or(node), path, base, env, &|e| fail(e))
-    });
+    let jwt = raw.jwt.and_then(|j| super::jwt::settings(j, jwt_node.unwrap_or(node), path, base, env, &|e| fail(e)));
     #[cfg(not(feature = "jwt"))]
     if has_jwt {
         fail(super::jwt::refuse(jwt_node.unwrap_or(node), path));

@@ -160,9 +160,8 @@ impl ContextRequest {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.roles = crate::identity::Identity::new("", crate::identity::IdentitySource::Application)
-            .with_roles(roles)
-            .roles;
+        self.roles =
+            crate::identity::Identity::new("", crate::identity::IdentitySource::Application).with_roles(roles).roles;
         self
     }
 

@@ -164,7 +164,9 @@ impl JwtVerifier {
     pub(crate) fn unfetched(settings: JwtSettings) -> Result<Self> {
         let bad = |what: String| Error::Jwks { what, source: None };
         if settings.audience.is_empty() {
-            return Err(bad("no audience: set `audience` to the value(s) of `aud` tokens for this service carry".into()));
+            return Err(bad(
+                "no audience: set `audience` to the value(s) of `aud` tokens for this service carry".into()
+            ));
         }
         let mut algorithms = Vec::new();
         for name in &settings.algorithms {
@@ -300,7 +302,10 @@ impl JwtVerifier {
             (keys, known) = set.candidates(kid.as_deref(), alg);
         }
         if !known {
-            return Err(refuse(AuthFailure::UnknownKey, "the token names a key the identity provider does not publish"));
+            return Err(refuse(
+                AuthFailure::UnknownKey,
+                "the token names a key the identity provider does not publish",
+            ));
         }
         if keys.is_empty() {
             return Err(refuse(AuthFailure::Algorithm, "the token's `alg` does not fit the key it names"));
@@ -433,9 +438,8 @@ mod tests {
         s.roles_claim = Some("groups".into());
         s.role_map.insert("eng".into(), vec!["staff".into()]);
         s.role_map.insert("ops".into(), vec!["staff".into(), "oncall".into()]);
-        let claims = |g: serde_json::Value| {
-            serde_json::json!({"sub": "alice", "groups": g}).as_object().unwrap().clone()
-        };
+        let claims =
+            |g: serde_json::Value| serde_json::json!({"sub": "alice", "groups": g}).as_object().unwrap().clone();
         let i = identity(&s, &claims(serde_json::json!(["eng", "ops", "nope"]))).unwrap();
         assert_eq!(i.roles, ["staff", "oncall"]);
         assert_eq!(i.user, "alice");

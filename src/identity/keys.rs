@@ -34,10 +34,8 @@ impl KeySet {
     pub(super) fn candidates<'a>(&'a self, kid: Option<&'a str>, alg: Algorithm) -> (Vec<&'a Key>, bool) {
         let named: Vec<&Key> = self.keys.iter().filter(|k| kid.is_none() || k.kid.as_deref() == kid).collect();
         let known = !named.is_empty();
-        let fits = named
-            .into_iter()
-            .filter(|k| k.key.family() == alg.family() && k.alg.is_none_or(|a| a == alg))
-            .collect();
+        let fits =
+            named.into_iter().filter(|k| k.key.family() == alg.family() && k.alg.is_none_or(|a| a == alg)).collect();
         (fits, known)
     }
 
@@ -141,9 +139,8 @@ pub(super) async fn discover(http: &reqwest::Client, issuer: &str, timeout: Dura
 
 /// Reads a JWKS from a file.
 pub(super) async fn read_file(path: &Path) -> Result<KeySet> {
-    let text = tokio::fs::read(path).await.map_err(|e| Error::Jwks {
-        what: format!("cannot read {}", path.display()),
-        source: Some(Arc::new(e)),
-    })?;
+    let text = tokio::fs::read(path)
+        .await
+        .map_err(|e| Error::Jwks { what: format!("cannot read {}", path.display()), source: Some(Arc::new(e)) })?;
     KeySet::parse(&text, &path.display().to_string())
 }

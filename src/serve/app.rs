@@ -98,7 +98,9 @@ fn refresh_keys(v: crate::identity::JwtVerifier, stop: CancellationToken) {
                 () = tokio::time::sleep(v.settings().refresh_interval) => {}
             }
             if let Err(e) = v.refresh().await {
-                tracing::warn!("serve.jwt: the identity provider's keys could not be refreshed; the held keys keep verifying: {e}");
+                tracing::warn!(
+                    "serve.jwt: the identity provider's keys could not be refreshed; the held keys keep verifying: {e}"
+                );
             }
         }
     });

@@ -36,7 +36,8 @@ impl ApiError {
     /// A refused bearer token (RFC 6750 section 3): 401 with
     /// `WWW-Authenticate: Bearer error="invalid_token", error_description="..."`.
     pub(super) fn invalid_token(description: &str) -> Self {
-        let quoted: String = description.chars().filter(|c| *c != '"' && *c != '\\' && c.is_ascii_graphic() || *c == ' ').collect();
+        let quoted: String =
+            description.chars().filter(|c| *c != '"' && *c != '\\' && c.is_ascii_graphic() || *c == ' ').collect();
         Self {
             challenge: Some(format!("Bearer error=\"invalid_token\", error_description=\"{quoted}\"")),
             ..Self::unauthorized("invalid_token", &format!("The bearer token is refused: {description}"))

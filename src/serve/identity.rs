@@ -27,9 +27,9 @@ pub fn hash_key(key: &str) -> String {
     Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
+use crate::identity::Identity;
 /// How the caller was identified.
 pub(super) use crate::identity::IdentitySource as Source;
-use crate::identity::Identity;
 
 /// Who is calling, as far as the headers tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,10 +130,7 @@ pub(super) async fn verified(
 }
 
 /// Step 3 then 4: the body's `user` / `safety_identifier` (validated), else `anonymous_user`.
-pub(super) fn from_body(
-    s: &ServeSettings,
-    body: Option<&super::body::JsonObject>,
-) -> Result<Identity, ApiError> {
+pub(super) fn from_body(s: &ServeSettings, body: Option<&super::body::JsonObject>) -> Result<Identity, ApiError> {
     if let Some(body) = body {
         for k in ["user", "safety_identifier"] {
             if let Some(u) = body.str_field(k) {

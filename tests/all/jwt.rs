@@ -139,7 +139,10 @@ async fn verifier_against_a_real_provider() {
     let Some(mut idp) = Idp::start("verifier_against_a_real_provider").await else { return };
     let v = JwtVerifier::new(settings(&idp.issuer)).await.unwrap();
     let alice = v.verify(&idp.token("alice", AUDIENCE).await).await.unwrap();
-    assert_eq!((alice.user.as_str(), alice.roles.as_slice(), alice.source), ("alice", &["staff".to_owned()][..], IdentitySource::Jwt));
+    assert_eq!(
+        (alice.user.as_str(), alice.roles.as_slice(), alice.source),
+        ("alice", &["staff".to_owned()][..], IdentitySource::Jwt)
+    );
     let bob = v.verify(&idp.token("bob", AUDIENCE).await).await.unwrap();
     assert_eq!(bob.user, "bob");
     assert!(bob.roles.is_empty(), "sales is not mapped: {:?}", bob.roles);
@@ -166,7 +169,8 @@ async fn verifier_against_a_real_provider() {
 
     // A flood of forged key ids: each refused, and at most one JWKS fetch for all of them.
     let before = idp.jwks_fetches().await;
-    let flood: Vec<String> = f["unknown_kid"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned()).collect();
+    let flood: Vec<String> =
+        f["unknown_kid"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned()).collect();
     for _ in 0..3 {
         let all = futures::future::join_all(flood.iter().map(|t| v.verify(t))).await;
         assert!(all.into_iter().all(|r| reason(r) == AuthFailure::UnknownKey));
@@ -270,7 +274,10 @@ async fn serve_end_to_end_with_the_official_client() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let got: Value = serde_json::from_slice(&out.stdout).unwrap();
     let header = |u: &str| got[u].as_str().unwrap_or_else(|| panic!("{got}")).to_owned();
-    assert!(header("alice").starts_with("user=alice;") && header("alice").ends_with("; identity=jwt; roles=staff"), "{got}");
+    assert!(
+        header("alice").starts_with("user=alice;") && header("alice").ends_with("; identity=jwt; roles=staff"),
+        "{got}"
+    );
     assert!(header("bob").contains("user=bob;") && header("bob").ends_with("; identity=jwt; roles=guest"), "{got}");
     assert_eq!(got["forged"][0], "AuthenticationError");
     assert_eq!(got["forged"][1], 401);
@@ -305,11 +312,15 @@ async fn serve_end_to_end_with_the_official_client() {
     // A forged token never falls through to another identity source (here: the user header is not even configured,
     // and an anonymous user would have been served).
     let metrics = http().get(format!("{}/metrics", proxy.url)).send().await.unwrap().text().await.unwrap();
-    for (why, n) in [("algorithm", 3), ("expired", 1), ("wrong_audience", 1), ("unknown_key", 1), ("bad_signature", 1)] {
+    for (why, n) in [("algorithm", 3), ("expired", 1), ("wrong_audience", 1), ("unknown_key", 1), ("bad_signature", 1)]
+    {
         let line = format!("mcp_context_auth_failures_total{{reason=\"{why}\"}} {n}");
         assert!(metrics.contains(&line), "{line} not in\n{metrics}");
     }
-    assert!(!proxy.stderr().contains(&alice) && !proxy.stderr().contains(forged["none"].as_str().unwrap()), "a token was logged");
+    assert!(
+        !proxy.stderr().contains(&alice) && !proxy.stderr().contains(forged["none"].as_str().unwrap()),
+        "a token was logged"
+    );
     assert_eq!(upstream.seen().len(), 2, "no refused request reached the upstream");
 
     // The provider stopped: degraded with the cause, and the cached keys keep verifying.
@@ -346,7 +357,10 @@ async fn unknown_mapped_role_is_a_located_load_error() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&format!("{}:11:16: serve.jwt.role_map: the policy defines no role `root`", path.display())), "{err}");
+    assert!(
+        err.contains(&format!("{}:11:16: serve.jwt.role_map: the policy defines no role `root`", path.display())),
+        "{err}"
+    );
     assert!(!err.contains("role `hr`") && !err.contains("role `staff`"), "{err}");
 }
 
@@ -396,7 +410,11 @@ async fn cli_explain_and_preview_with_roles() {
     std::fs::write(&path, yaml).unwrap();
     let run = |args: &[&str]| {
         let out = std::process::Command::new(MCP_CONTEXT).args(args).arg("--config").arg(&path).output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (ok, out, err) = run(&["policy", "explain", "--user", "zed", "--roles", "staff", "fx:fx://doc/1"]);
     assert!(ok, "{err}");
