@@ -20,14 +20,13 @@ pub(super) fn compact_report(r: &Report) -> String {
     let clean = |s: &str| -> String {
         s.chars().map(|c| if c.is_ascii_graphic() && !matches!(c, ';' | '"' | ',') { c } else { '_' }).collect()
     };
-    // Who, by which source, with which roles: the caller's own, never what they are denied.
-    let mut who = String::new();
-    if let Some(source) = &r.identity {
-        who.push_str(&format!("; identity={}", clean(source)));
-    }
-    if !r.roles.is_empty() {
-        who.push_str(&format!("; roles={}", r.roles.iter().map(|x| clean(x)).collect::<Vec<_>>().join(",")));
-    }
+    // Who, by which source, with which roles: the caller's own, never what they are denied. Both keys are
+    // always there (roles may be empty), so the header's shape is the same for every caller.
+    let who = format!(
+        "; identity={}; roles={}",
+        r.identity.as_deref().map_or_else(|| "-".to_owned(), clean),
+        r.roles.iter().map(|x| clean(x)).collect::<Vec<_>>().join(",")
+    );
     format!(
         "user={user}; tokens={}/{}; included={}; truncated={}; over_budget={}; errors={}; failed={}{who}",
         r.tokens,
