@@ -155,6 +155,8 @@ async fn verifier_against_a_real_provider() {
     assert_eq!(reason(v.verify(f["hmac_jwk"].as_str().unwrap()).await), AuthFailure::Algorithm);
     assert_eq!(reason(v.verify(&idp.token("alice", "urn:other").await).await), AuthFailure::WrongAudience);
     let short = idp.token("alice-short", AUDIENCE).await;
+    // Verified (and remembered) while valid, refused once expired: the memory of verified tokens keeps no token past its `exp`.
+    assert_eq!(v.verify(&short).await.unwrap().user, "alice-short");
     tokio::time::sleep(Duration::from_millis(2100)).await;
     assert_eq!(reason(v.verify(&short).await), AuthFailure::Expired);
     // Even with HMAC accepted (a shared secret configured), the provider's public key is no HMAC secret.
