@@ -170,6 +170,71 @@ pub enum Error {
         #[source]
         source: Option<Arc<dyn std::error::Error + Send + Sync>>,
     },
+    /// A bearer token was refused: its signature, issuer, audience, lifetime
+    /// or claims do not verify ([`crate::identity`]). The token itself is
+    /// never part of the error.
+    #[error("token refused ({}): {detail}", reason.as_str())]
+    Unauthenticated {
+        /// Why, as one of a few words (also the metrics label).
+        reason: AuthFailure,
+        /// What exactly, for the caller and the log.
+        detail: String,
+        /// The verifier's own error, when there is one.
+        #[source]
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The identity provider's keys (its discovery document or JWKS) could
+    /// not be fetched or read.
+    #[error("identity provider keys: {what}")]
+    Jwks {
+        /// What failed, with the URL (without credentials).
+        what: String,
+        /// The underlying failure, when there is one.
+        #[source]
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+/// Why a token was refused ([`Error::Unauthenticated`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AuthFailure {
+    /// Past its `exp` (beyond the leeway).
+    Expired,
+    /// Its `nbf` is still in the future.
+    NotYetValid,
+    /// The signature does not verify with the key it names.
+    BadSignature,
+    /// Its `aud` is not one of the configured audiences (or missing).
+    WrongAudience,
+    /// Its `iss` is not the configured issuer (or missing).
+    WrongIssuer,
+    /// It names a key id the provider does not publish (after a refresh, when one was allowed).
+    UnknownKey,
+    /// Its `alg` is not accepted (`none`, HMAC without a shared secret, or
+    /// not the algorithm of the key it names).
+    Algorithm,
+    /// It is not a well-formed JWS.
+    Malformed,
+    /// A required claim (the user claim, `exp`, one of `required_claims`) is missing or unusable.
+    MissingClaim,
+}
+
+impl AuthFailure {
+    /// The reason as a short word, e.g. `bad_signature` (the metrics label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthFailure::Expired => "expired",
+            AuthFailure::NotYetValid => "not_yet_valid",
+            AuthFailure::BadSignature => "bad_signature",
+            AuthFailure::WrongAudience => "wrong_audience",
+            AuthFailure::WrongIssuer => "wrong_issuer",
+            AuthFailure::UnknownKey => "unknown_key",
+            AuthFailure::Algorithm => "algorithm",
+            AuthFailure::Malformed => "malformed",
+            AuthFailure::MissingClaim => "missing_claim",
+        }
+    }
 }
 
 impl From<async_openai::error::OpenAIError> for Error {
@@ -218,6 +283,14 @@ impl Error {
     ) -> impl FnOnce(E) -> Error {
         let what = what.into();
         move |e| Error::Audit { what, source: Some(Arc::new(e)) }
+    }
+
+    /// Why a token was refused, for [`Error::Unauthenticated`].
+    pub fn auth_failure(&self) -> Option<AuthFailure> {
+        match self {
+            Error::Unauthenticated { reason, .. } => Some(*reason),
+            _ => None,
+        }
     }
 
     /// True for a request timeout.

@@ -66,6 +66,7 @@ mod gate;
 mod http;
 mod hub;
 mod id;
+pub mod identity;
 pub mod inject;
 mod jsonc;
 mod large;
@@ -101,6 +102,8 @@ pub use tools::ResourceTools;
 /// crate root).
 pub mod settings {
     pub use crate::compose::{DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
+    #[cfg(feature = "jwt")]
+    pub use crate::config::JwtConfig;
     pub use crate::config::{AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM};
     pub use crate::config::{
         AuditSettings, AuditSink, DEFAULT_AUDIT_BATCH, DEFAULT_AUDIT_FILE_KEEP, DEFAULT_AUDIT_FILE_MAX_BYTES,

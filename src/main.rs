@@ -29,6 +29,9 @@ use mcp_context::{Config, ContextRequest, McpContext, Policy, ResourceId};
 use mcp_context::serve;
 
 mod cli_audit;
+mod cli_log;
+
+use cli_log::{LogFormat, init_tracing, log_subscriber};
 
 /// Give LLM calls the context your MCP servers hold.
 #[derive(Parser)]
@@ -46,13 +49,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
-}
-
-/// How log lines are written.
-#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -77,6 +73,10 @@ enum Command {
         /// The user whose policy applies.
         #[arg(long, default_value = "anonymous")]
         user: String,
+        /// Roles from the user's identity provider (mapped groups), added to their policy entry's, as a verified
+        /// token's would be.
+        #[arg(long, value_name = "ROLE,...", value_delimiter = ',')]
+        roles: Vec<String>,
         /// Token budget (overrides context.max_tokens).
         #[arg(long)]
         budget: Option<usize>,
@@ -146,9 +146,22 @@ enum PolicyCommand {
         /// The user.
         #[arg(long)]
         user: String,
+        /// Roles from the user's identity provider (mapped groups), added to their policy entry's.
+        #[arg(long, value_name = "ROLE,...", value_delimiter = ',')]
+        roles: Vec<String>,
         /// SERVER:URI
         id: String,
     },
+}
+
+/// Roles given on the command line must be the policy's: an unknown one would silently grant nothing.
+fn known_roles(policy: &Policy, roles: &[String]) -> anyhow::Result<()> {
+    let unknown: Vec<&str> = roles.iter().filter(|r| !policy.has_role(r)).map(String::as_str).collect();
+    if !unknown.is_empty() {
+        let defined: Vec<String> = policy.summary().roles.into_iter().map(|r| r.name).collect();
+        bail!("--roles: the policy defines no role {} (it defines: {})", unknown.join(", "), defined.join(", "));
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -189,86 +202,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The log filter: `MCP_CONTEXT_LOG`, else by `-v`.
-fn log_filter(verbose: u8) -> tracing_subscriber::EnvFilter {
-    // rmcp's own logs can carry request URLs (and so query-string keys):
-    // they stay off unless asked for by name in MCP_CONTEXT_LOG.
-    let default = match verbose {
-        0 => "warn,rmcp=off",
-        1 => "info,rmcp=off",
-        _ => "debug,rmcp=off,process_wrap=off",
-    };
-    tracing_subscriber::EnvFilter::try_from_env("MCP_CONTEXT_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
-}
-
-/// The log lines on stderr: text, or (`--log-format json`) one JSON object
-/// per event with its level, time, fields and the current span's (a
-/// request's ids).
-fn log_layer<S>(verbose: u8, format: LogFormat) -> impl tracing_subscriber::Layer<S> + Send + Sync
-where
-    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
-{
-    use tracing_subscriber::Layer;
-    if format == LogFormat::Json {
-        let layer = tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(false);
-        return layer.with_writer(std::io::stderr).boxed().with_filter(log_filter(verbose));
-    }
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
-    let layer = layer.with_ansi(colour_on_stderr());
-    // Without -v only warnings show: a timestamp is noise next to `warning:` lines.
-    let layer = if verbose == 0 { layer.without_time().boxed() } else { layer.boxed() };
-    layer.with_filter(log_filter(verbose))
-}
-
-/// Logs only: what a config load may warn about, before the config says
-/// whether traces are exported.
-fn log_subscriber(verbose: u8, format: LogFormat) -> impl tracing::Subscriber + Send + Sync {
-    use tracing_subscriber::layer::SubscriberExt;
-    tracing_subscriber::registry().with(log_layer(verbose, format))
-}
-
-/// Installs the logs and, with `telemetry:` in the config (and the `otel`
-/// feature), the OTLP exporter of traces, whose handle flushes them at the
-/// end. Called once, when the command knows its config.
-fn init_tracing(
-    verbose: u8,
-    format: LogFormat,
-    telemetry: Option<&mcp_context::settings::TelemetrySettings>,
-) -> anyhow::Result<Tracing> {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    let logs = tracing_subscriber::registry().with(log_layer(verbose, format));
-    #[cfg(feature = "otel")]
-    if let Some(settings) = telemetry {
-        let (traces, handle) = mcp_context::telemetry::otlp_layer(settings)?;
-        let _ = logs.with(traces).try_init();
-        return Ok(Tracing(Some(handle)));
-    }
-    #[cfg(not(feature = "otel"))]
-    if telemetry.is_some() {
-        anyhow::bail!("telemetry: this build has no trace exporter (feature `otel`)");
-    }
-    let _ = logs.try_init();
-    Ok(Tracing(None))
-}
-
-/// The trace exporter, when there is one: flushed by [`Tracing::end`].
-struct Tracing(
-    #[cfg(feature = "otel")] Option<mcp_context::telemetry::Telemetry>,
-    #[cfg(not(feature = "otel"))] Option<()>,
-);
-
-impl Tracing {
-    /// Sends the spans still buffered (off the runtime's threads: the export waits on them).
-    async fn end(self) {
-        #[cfg(feature = "otel")]
-        if let Some(t) = self.0 {
-            let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
-        }
-    }
-}
-
 /// `serve hash-key`: needs no config.
 fn is_hash_key(command: &Command) -> bool {
     #[cfg(feature = "serve")]
@@ -277,12 +210,6 @@ fn is_hash_key(command: &Command) -> bool {
     }
     let _ = command;
     false
-}
-
-/// ANSI colour only for a terminal, and never with `NO_COLOR` set (no-color.org).
-fn colour_on_stderr() -> bool {
-    use std::io::IsTerminal;
-    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -347,7 +274,7 @@ async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
             })
             .await
         }
-        Command::Preview { user, budget, model, select, query, mode, json } => {
+        Command::Preview { user, roles, budget, model, select, query, mode, json } => {
             let selection = if select.is_empty() {
                 None
             } else {
@@ -367,7 +294,9 @@ async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
             };
             let servers = config.servers.len();
             let result = interruptible(&ctx, async {
+                known_roles(&ctx.policy(), &roles)?;
                 let mut req = ContextRequest::for_user(user.clone())
+                    .with_roles(roles)
                     .with_selection(selection)
                     .with_budget(budget)
                     .with_select(mode);
@@ -407,17 +336,21 @@ async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
             };
             policy_check(&p)
         }
-        Command::Policy { command: PolicyCommand::Explain { user, id } } => {
+        Command::Policy { command: PolicyCommand::Explain { user, roles, id } } => {
             let id = ResourceId::parse(&id)?;
             let policy = match &config.policy {
                 Some(p) => Policy::load(p)?,
                 None => Policy::allow_all(),
             };
+            known_roles(&policy, &roles)?;
             let config = server_of(config, &id)?;
             with_hub(&config, |hub| async move {
                 // The same gate as every other requested URI: decide on what would be read.
-                let up = policy.for_user(&user);
+                let up = policy.for_identity(&user, &roles);
                 let mut out = std::io::stdout().lock();
+                if !roles.is_empty() {
+                    writeln!(out, "roles: {} (the policy entry's and --roles)", up.roles().join(", "))?;
+                }
                 match mcp_context::access::admit(&hub, &up, &id) {
                     Err(why) => {
                         writeln!(out, "DENY {id} for user {user}")?;

@@ -215,6 +215,15 @@ pub struct Timings {
 pub struct Report {
     /// The user the context was built for.
     pub user: String,
+    /// How the user was identified (`jwt`, `key`, `header`, `body`,
+    /// `anonymous`, `application`), when the caller said
+    /// ([`ContextRequest::with_identity`](crate::ContextRequest::with_identity), the proxy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// The roles the policy was applied with: the user's entry's plus the
+    /// identity provider's, or `default_roles`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
     /// The model whose tokenizer counted.
     pub model: String,
     /// The tokenizer's encoding.

@@ -92,13 +92,16 @@ pub(crate) struct Origin {
 }
 
 impl Origin {
-    /// An injection the library made for an application.
-    pub(crate) fn library() -> Self {
+    /// An injection the library made for an application: the identity's
+    /// source when the application gave one (`ContextRequest::with_identity`),
+    /// else `library`; the current span's trace id when traces are on.
+    pub(crate) fn library(report: &Report) -> Self {
+        let traced = crate::telemetry::current().and_then(|t| trace_id_of(&t.traceparent));
         Origin {
             route: "library".into(),
-            identity_source: "library".into(),
+            identity_source: report.identity.clone().unwrap_or_else(|| "library".into()),
             request_id: random_hex(),
-            trace_id: random_hex(),
+            trace_id: traced.unwrap_or_else(random_hex),
         }
     }
 }

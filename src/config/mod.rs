@@ -32,6 +32,7 @@ mod cache;
 mod context;
 mod env;
 mod host;
+mod jwt;
 mod serve;
 mod servers;
 mod telemetry;
@@ -51,6 +52,8 @@ use self::cache::RawCache;
 pub use self::cache::{CacheBackend, CacheSettings, DEFAULT_KEY_PREFIX, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL};
 pub use self::context::{ContextSettings, DEFAULT_WARM_MEMO_MAX_BYTES};
 use self::env::Expander;
+#[cfg(feature = "jwt")]
+pub use self::jwt::JwtConfig;
 use self::serve::RawServe;
 pub use self::serve::{
     AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_UPSTREAM, KeyDigest,

@@ -49,6 +49,7 @@ pub(super) struct RawServe {
     stored_retention_days: Option<u64>,
     max_stored_records: Option<usize>,
     anthropic: Option<RawAnthropic>,
+    jwt: Option<super::jwt::RawJwt>,
 }
 
 #[derive(Deserialize)]
@@ -211,6 +212,10 @@ pub struct ServeSettings {
     /// `serve.anthropic`: the Messages API route (`POST /v1/messages`);
     /// `None`: that route answers 404.
     pub anthropic: Option<AnthropicSettings>,
+    /// `serve.jwt`: bearer tokens that are JWTs are verified against this
+    /// issuer's keys; `None`: a JWT bearer is treated like any other key.
+    #[cfg(feature = "jwt")]
+    pub jwt: Option<super::jwt::JwtConfig>,
 }
 
 /// `serve.anthropic`: where `POST /v1/messages` goes, with which key, and
@@ -256,6 +261,8 @@ impl Default for ServeSettings {
             stored_retention: Duration::from_secs(30 * 24 * 3600),
             max_stored_records: 200_000,
             anthropic: None,
+            #[cfg(feature = "jwt")]
+            jwt: None,
         }
     }
 }
@@ -472,6 +479,22 @@ pub(super) fn settings(
             format!("serve.max_body_bytes ({max_body_bytes}) is more than serve.max_inflight_body_bytes ({inflight})"),
         ));
     }
+    let jwt_node = node.get("jwt");
+    let has_jwt = raw.jwt.is_some();
+    #[cfg(feature = "jwt")]
+    let jwt = raw.jwt.and_then(|j| super::jwt::settings(j, jwt_node.unwrap_or(node), path, base, env, &|e| fail(e)));
+    #[cfg(not(feature = "jwt"))]
+    if has_jwt {
+        fail(super::jwt::refuse(jwt_node.unwrap_or(node), path));
+    }
+    if has_jwt && raw.forward_authorization {
+        fail(err(
+            "jwt",
+            "serve: with `forward_authorization: true` the bearer is the upstream's key, so `jwt` cannot verify \
+             callers by it; keep one"
+                .into(),
+        ));
+    }
     let settings = ServeSettings {
         listen: raw.listen.unwrap_or(d.listen),
         upstream: upstream.map(SecretString::from),
@@ -526,6 +549,8 @@ pub(super) fn settings(
             d.max_stored_records as u64,
         ) as usize,
         anthropic,
+        #[cfg(feature = "jwt")]
+        jwt,
     };
     let problems = problems.into_inner();
     if problems.is_empty() { Ok(settings) } else { Err(problems) }

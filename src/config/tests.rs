@@ -455,6 +455,33 @@ mod memory_bounds {
             other => panic!("{other:?}"),
         }
     }
+
+    #[test]
+    #[cfg(feature = "jwt")]
+    fn serve_jwt_is_read_strictly() {
+        let jwt = |body: &str| load(&format!("serve:\n  jwt:\n    issuer: https://idp\n{body}"));
+        let c = jwt("    audience: a\n    roles_claim: groups\n    role_map: { eng: staff, ops: [staff, oncall] }\n")
+            .unwrap();
+        let j = c.serve.jwt.unwrap().settings;
+        assert_eq!((j.audience, j.user_claim.as_str()), (vec!["a".to_owned()], "sub"));
+        assert_eq!(j.role_map["ops"], ["staff", "oncall"]);
+        assert_eq!(j.algorithms, crate::identity::DEFAULT_ALGORITHMS);
+        for (body, says) in [
+            ("    audience: a\n    algorithms: [none]\n", "`none` is not accepted"),
+            ("    audience: a\n    algorithms: [HS256]\n", "needs `hmac_secret`"),
+            ("    audience: a\n    hmac_secret: short\n", "at least 32 characters"),
+            ("    roles_claim: groups\n", "serve.jwt.audience"),
+            ("    audience: a\n    role_map: { eng: staff }\n", "needs `roles_claim`"),
+            ("    audience: a\n    jwks_url: http://k\n    jwks_file: k.json\n", "not both"),
+            ("    audience: a\n    nope: 1\n", "nope"),
+        ] {
+            let e = jwt(body).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("/etc/mc/mcp-context.yaml:"), "{body}: {e}");
+        }
+        let e =
+            load("serve:\n  forward_authorization: true\n  jwt: { issuer: https://idp, audience: a }\n").unwrap_err();
+        assert!(e.to_string().contains("keep one"), "{e}");
+    }
 }
 
 mod audit {

@@ -219,6 +219,10 @@ struct WarmSlot {
 #[derive(PartialEq, Eq)]
 pub(super) struct WarmKey {
     pub(super) user: String,
+    /// The identity provider's roles: the same user with other roles from
+    /// another token decides otherwise, and must not be served this answer.
+    pub(super) roles: Vec<String>,
+    pub(super) source: Option<crate::identity::IdentitySource>,
     pub(super) model: String,
     pub(super) budget: Option<usize>,
     pub(super) select: Option<SelectMode>,
@@ -286,7 +290,10 @@ impl WarmEntry {
             r.excluded.iter().map(|e| e.id.len() + e.detail.as_ref().map_or(0, String::len) + ITEM_OVERHEAD).sum();
         let texts: usize = r.warnings.iter().chain(&r.reason).map(String::len).sum();
         let message = self.message.as_ref().map_or(0, |m| m.content.len());
-        let key_bytes = key.user.len() + key.model.len() + key.query.as_ref().map_or(0, String::len);
+        let key_bytes = key.user.len()
+            + key.roles.iter().map(String::len).sum::<usize>()
+            + key.model.len()
+            + key.query.as_ref().map_or(0, String::len);
         message + included + excluded + texts + key_bytes + r.user.len() + r.model.len() + ITEM_OVERHEAD
     }
 }

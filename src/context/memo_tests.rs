@@ -1,11 +1,18 @@
-//! Tests of the memo (context/memo.rs): what invalidates an entry and what does not.
-
+//! Tests of `memo.rs`.
 use super::*;
 use crate::config::Config;
 use crate::mode::MessageRole;
 
 fn key(user: &str) -> WarmKey {
-    WarmKey { user: user.into(), model: "gpt-4o".into(), budget: None, select: None, query: None }
+    WarmKey {
+        user: user.into(),
+        roles: Vec::new(),
+        source: None,
+        model: "gpt-4o".into(),
+        budget: None,
+        select: None,
+        query: None,
+    }
 }
 
 fn entry(policy: &Arc<Policy>, message_bytes: usize) -> WarmEntry {

@@ -110,6 +110,11 @@ pub struct ContextRequest {
     pub query: Option<String>,
     /// Override `context.select` for this request.
     pub select: Option<SelectMode>,
+    /// Roles from the caller's identity provider (mapped groups), added to
+    /// their policy entry's ([`crate::Policy::for_identity`]).
+    pub roles: Vec<String>,
+    /// How the user was identified, for the report ([`ContextRequest::with_identity`]).
+    pub source: Option<crate::identity::IdentitySource>,
 }
 
 impl ContextRequest {
@@ -145,6 +150,28 @@ impl ContextRequest {
     /// Another way of choosing resources (`None`: the config's `context.select`).
     pub fn with_select(mut self, mode: impl Into<Option<SelectMode>>) -> Self {
         self.select = mode.into();
+        self
+    }
+
+    /// Roles the caller's identity provider gives them (already mapped to
+    /// policy roles), on top of their policy entry's; the application that
+    /// sets them vouches for them.
+    pub fn with_roles<I, S>(mut self, roles: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.roles =
+            crate::identity::Identity::new("", crate::identity::IdentitySource::Application).with_roles(roles).roles;
+        self
+    }
+
+    /// The user and roles of a verified identity
+    /// ([`JwtVerifier::verify`](crate::identity::JwtVerifier)).
+    pub fn with_identity(mut self, identity: &crate::identity::Identity) -> Self {
+        self.user = identity.user.clone();
+        self.roles = identity.roles.clone();
+        self.source = Some(identity.source);
         self
     }
 }
@@ -360,7 +387,7 @@ impl McpContext {
         query: Option<Query>,
     ) -> Result<(Option<ContextMessage>, Report)> {
         let built = self.build_unaudited(req, query).await?;
-        if let Some(record) = self.audit_record(&built.1, built.0.as_ref(), Origin::library()) {
+        if let Some(record) = self.audit_record(&built.1, built.0.as_ref(), Origin::library(&built.1)) {
             self.audit(record);
         }
         Ok(built)

@@ -83,6 +83,8 @@ impl<'a> Run<'a> {
         let query_key = query.as_ref().map(Query::key);
         let warm_key = req.selection.is_none().then(|| WarmKey {
             user: req.user.clone(),
+            roles: req.roles.clone(),
+            source: req.source,
             model: model.to_owned(),
             budget: req.budget,
             select: req.select,
@@ -109,7 +111,7 @@ impl<'a> Run<'a> {
     /// The user's policy, the tokenizer and the budget.
     pub(super) async fn prepare(&self) -> Result<Prepared> {
         let ctx = self.ctx;
-        let up = self.policy.for_user(&self.req.user);
+        let up = self.policy.for_identity(&self.req.user, &self.req.roles);
         let model = self.req.model.as_deref().unwrap_or(&ctx.settings.model).to_owned();
         let (tok, warning) = ctx.tokenizer(&model).await?;
         let ceiling = self.req.budget.unwrap_or(ctx.settings.max_tokens);
@@ -296,6 +298,8 @@ impl<'a> Run<'a> {
         let total = self.started.elapsed();
         let report = Report {
             user: self.req.user.clone(),
+            identity: self.req.source.map(|s| s.as_str().to_owned()),
+            roles: p.up.roles().to_vec(),
             model: p.model,
             encoding: p.tok.encoding().to_owned(),
             role: Some(ctx.settings.role),

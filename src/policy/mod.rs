@@ -303,11 +303,29 @@ impl Policy {
     /// The compiled view of one user: roles resolved, rules gathered,
     /// includes expanded. Users not listed get `default_roles`.
     pub fn for_user(&self, user: &str) -> UserPolicy {
+        self.for_identity(user, &[])
+    }
+
+    /// What `user` may see with `extra_roles` from their identity provider
+    /// (a verified token's mapped groups): the roles of their `users:` entry
+    /// **plus** `extra_roles`, or `default_roles` when neither gives any.
+    /// Role names this policy does not define are ignored (fail closed: they
+    /// grant nothing). With no `extra_roles` this is [`Policy::for_user`].
+    pub fn for_identity(&self, user: &str, extra_roles: &[String]) -> UserPolicy {
         let entry = self.users.get(user);
-        let roles = match entry {
+        let mut roles: Vec<String> = match entry {
             Some(u) => u.roles.iter().map(|r| r.to_string()).collect(),
-            None => self.default_roles.clone(),
+            None if extra_roles.is_empty() => self.default_roles.clone(),
+            None => Vec::new(),
         };
+        for r in extra_roles {
+            if self.roles.contains_key(r) && !roles.contains(r) {
+                roles.push(r.clone());
+            }
+        }
+        if roles.is_empty() && !extra_roles.is_empty() {
+            roles = self.default_roles.clone();
+        }
         let mut grants: Vec<Arc<Grant>> = entry.map(|u| Arc::clone(&u.own)).into_iter().collect();
         // Every role name was checked against `roles` at load, so none is dropped here.
         grants.extend(roles.iter().filter_map(|r: &String| self.roles.get(r).cloned()));
@@ -329,6 +347,11 @@ impl Policy {
         let includes = dedup(expanded.collect());
         let servers = Arc::clone(&self.servers);
         UserPolicy { user: user.to_owned(), roles, known: entry.is_some(), grants, servers, max_tokens, includes }
+    }
+
+    /// Whether the policy defines the role `name`.
+    pub fn has_role(&self, name: &str) -> bool {
+        self.roles.contains_key(name)
     }
 
     /// Summary for `mcp-context policy check`.

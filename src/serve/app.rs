@@ -72,6 +72,40 @@ fn anthropic(settings: &ServeSettings) -> crate::Result<Option<super::messages::
     super::messages::Anthropic::new(settings)
 }
 
+/// `serve.jwt`'s verifier, its `role_map` checked against the policy (with
+/// no policy configured every user sees everything, and roles mean nothing).
+/// Its keys are fetched by [`run`] before it serves, or by the first token.
+fn verifier(
+    ctx: &McpContext,
+    config: &Config,
+    settings: &ServeSettings,
+) -> crate::Result<Option<crate::identity::JwtVerifier>> {
+    let Some(jwt) = &settings.jwt else { return Ok(None) };
+    if config.policy.is_some() {
+        let policy = ctx.policy();
+        jwt.check_roles(|r| policy.has_role(r))?;
+    }
+    crate::identity::JwtVerifier::unfetched(jwt.settings.clone()).map(Some)
+}
+
+/// Refreshes the keys every `refresh_interval` until `stop`; a failure is
+/// logged and shown by `/readyz`, and the keys held keep verifying.
+fn refresh_keys(v: crate::identity::JwtVerifier, stop: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(v.settings().refresh_interval) => {}
+            }
+            if let Err(e) = v.refresh().await {
+                tracing::warn!(
+                    "serve.jwt: the identity provider's keys could not be refreshed; the held keys keep verifying: {e}"
+                );
+            }
+        }
+    });
+}
+
 /// The shared state of the proxy's handlers.
 fn app_state(
     ctx: Arc<McpContext>,
@@ -81,6 +115,7 @@ fn app_state(
     hosts: Option<Vec<String>>,
 ) -> crate::Result<Shared> {
     Ok(Arc::new(AppState {
+        jwt: verifier(&ctx, config, &settings)?,
         anthropic: anthropic(&settings)?,
         ctx,
         bodies: Budget::new(settings.max_inflight_body_bytes),
@@ -124,8 +159,16 @@ pub async fn run(config: Config, opts: Options) -> crate::Result<()> {
     }
     let hosts = allowed_hosts(&settings, local);
     let state = app_state(ctx.clone(), &config, settings.clone(), (upstream, owners), hosts)?;
-    let app = router(state.clone());
     let stop = CancellationToken::new();
+    if let Some(v) = &state.jwt {
+        // Fetched before serving: with no keys no token could verify.
+        if let Err(e) = v.refresh().await {
+            ctx.close().await;
+            return Err(e);
+        }
+        refresh_keys(v.clone(), stop.clone());
+    }
+    let app = router(state.clone());
     let limits = listen::Limits { max_connections: settings.max_connections, header_timeout: settings.header_timeout };
     let server = listen::serve(listener, app, limits, stop.clone());
     let mut server = tokio::spawn(server);

@@ -72,7 +72,7 @@ pub(super) fn begin(
     let ids = ids.cloned().unwrap_or_else(|| Ids::of(&HeaderMap::new()));
     let origin = Origin {
         route: route.to_owned(),
-        identity_source: source.name().to_owned(),
+        identity_source: source.as_str().to_owned(),
         request_id: ids.request_id,
         trace_id: ids.trace_id,
     };

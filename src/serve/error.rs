@@ -16,11 +16,13 @@ pub(super) struct ApiError {
     pub code: &'static str,
     /// What happened and what to do.
     pub message: String,
+    /// A `WWW-Authenticate` challenge to send with a 401.
+    pub challenge: Option<String>,
 }
 
 impl ApiError {
     pub(super) fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, kind, code, message: message.into() }
+        Self { status, kind, code, message: message.into(), challenge: None }
     }
 
     pub(super) fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
@@ -29,6 +31,17 @@ impl ApiError {
 
     pub(super) fn unauthorized(code: &'static str, message: &str) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", code, message)
+    }
+
+    /// A refused bearer token (RFC 6750 section 3): 401 with
+    /// `WWW-Authenticate: Bearer error="invalid_token", error_description="..."`.
+    pub(super) fn invalid_token(description: &str) -> Self {
+        let quoted: String =
+            description.chars().filter(|c| *c != '"' && *c != '\\' && c.is_ascii_graphic() || *c == ' ').collect();
+        Self {
+            challenge: Some(format!("Bearer error=\"invalid_token\", error_description=\"{quoted}\"")),
+            ..Self::unauthorized("invalid_token", &format!("The bearer token is refused: {description}"))
+        }
     }
 
     pub(super) fn too_large(limit: usize) -> Self {
@@ -46,6 +59,10 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({
             "error": {"message": self.message, "type": self.kind, "param": null, "code": self.code}
         });
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(v) = self.challenge.and_then(|c| axum::http::HeaderValue::from_str(&c).ok()) {
+            response.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, v);
+        }
+        response
     }
 }

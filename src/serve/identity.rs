@@ -1,5 +1,8 @@
 //! Who the caller is, decided once per request, first match wins:
 //!
+//! 0. With `serve.jwt`: a bearer that is a JWT (three base64url parts) is
+//!    verified ([`crate::identity::JwtVerifier`], in `verified`); a refused one is
+//!    401 with the reason in `WWW-Authenticate`, never passed on to step 1 or later.
 //! 1. `Authorization: Bearer KEY` whose SHA-256 is in `serve.keys` (compared
 //!    in constant time against every digest; the key itself is never stored
 //!    or logged). A bearer key that is present but unknown is refused,
@@ -24,32 +27,15 @@ pub fn hash_key(key: &str) -> String {
     Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
+use crate::identity::Identity;
 /// How the caller was identified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Source {
-    Key,
-    Header,
-    Body,
-    Anonymous,
-}
-
-impl Source {
-    /// Its name in the audit trail.
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Source::Key => "key",
-            Source::Header => "header",
-            Source::Body => "body",
-            Source::Anonymous => "anonymous",
-        }
-    }
-}
+pub(super) use crate::identity::IdentitySource as Source;
 
 /// Who is calling, as far as the headers tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum FromHeaders {
-    /// Decided: the user and how.
-    User(String, Source),
+    /// Decided: the user, their identity provider's roles and how.
+    User(Identity),
     /// Only the body can tell (`user_from_body`); `anonymous_user` if it does not.
     Body,
 }
@@ -82,7 +68,7 @@ pub(super) fn from_headers(s: &ServeSettings, headers: &HeaderMap) -> Result<Fro
                 found = Some(&k.user);
             }
         }
-        return found.map(|u| FromHeaders::User(u.to_owned(), Source::Key)).ok_or_else(|| {
+        return found.map(|u| FromHeaders::User(Identity::new(u, Source::Key))).ok_or_else(|| {
             ApiError::unauthorized(
                 "invalid_api_key",
                 "Incorrect API key provided: it is not one of this proxy's keys (serve.keys)",
@@ -103,7 +89,8 @@ pub(super) fn from_headers(s: &ServeSettings, headers: &HeaderMap) -> Result<Fro
             })?;
             let v = v.trim();
             if !v.is_empty() {
-                return checked(v, &format!("the `{h}` header")).map(|u| FromHeaders::User(u, Source::Header));
+                return checked(v, &format!("the `{h}` header"))
+                    .map(|u| FromHeaders::User(Identity::new(u, Source::Header)));
             }
         }
     }
@@ -113,30 +100,56 @@ pub(super) fn from_headers(s: &ServeSettings, headers: &HeaderMap) -> Result<Fro
     anonymous_or_refuse(s)
 }
 
+/// Step 0, with `serve.jwt`: the identity a JWT bearer proves; `None` when
+/// the bearer is not a JWT (or there is none, or several: step 1 refuses
+/// those). A refused token is 401 with `WWW-Authenticate`, counted by
+/// `failed` under its reason; the token itself is never logged.
+pub(super) async fn verified(
+    jwt: Option<&crate::identity::JwtVerifier>,
+    headers: &HeaderMap,
+    failed: impl Fn(&str),
+) -> Result<Option<Identity>, ApiError> {
+    let Some(v) = jwt else { return Ok(None) };
+    if headers.get_all(axum::http::header::AUTHORIZATION).iter().count() != 1 {
+        return Ok(None);
+    }
+    let Some(token) = bearer(headers).filter(|t| crate::identity::looks_like_jwt(t)) else { return Ok(None) };
+    match v.verify(token).await {
+        Ok(who) => Ok(Some(who)),
+        Err(e) => {
+            let reason = e.auth_failure().map_or("malformed", crate::identity::AuthFailure::as_str);
+            failed(reason);
+            let detail = match &e {
+                crate::Error::Unauthenticated { detail, .. } => detail.clone(),
+                other => other.to_string(),
+            };
+            tracing::info!(reason, "bearer token refused: {detail}");
+            Err(ApiError::invalid_token(&detail))
+        }
+    }
+}
+
 /// Step 3 then 4: the body's `user` / `safety_identifier` (validated), else `anonymous_user`.
-pub(super) fn from_body(
-    s: &ServeSettings,
-    body: Option<&super::body::JsonObject>,
-) -> Result<(String, Source), ApiError> {
+pub(super) fn from_body(s: &ServeSettings, body: Option<&super::body::JsonObject>) -> Result<Identity, ApiError> {
     if let Some(body) = body {
         for k in ["user", "safety_identifier"] {
             if let Some(u) = body.str_field(k) {
                 let u = u.trim();
                 if !u.is_empty() {
-                    return checked(u, &format!("the body's `{k}`")).map(|u| (u, Source::Body));
+                    return checked(u, &format!("the body's `{k}`")).map(|u| Identity::new(u, Source::Body));
                 }
             }
         }
     }
     match anonymous_or_refuse(s)? {
-        FromHeaders::User(u, src) => Ok((u, src)),
+        FromHeaders::User(who) => Ok(who),
         FromHeaders::Body => unreachable!("anonymous_or_refuse decides"),
     }
 }
 
 fn anonymous_or_refuse(s: &ServeSettings) -> Result<FromHeaders, ApiError> {
     match &s.anonymous_user {
-        Some(anon) => Ok(FromHeaders::User(anon.clone(), Source::Anonymous)),
+        Some(anon) => Ok(FromHeaders::User(Identity::new(anon.clone(), Source::Anonymous))),
         None => Err(ApiError::unauthorized("missing_identity", &missing_identity_message(s))),
     }
 }
@@ -213,10 +226,10 @@ mod tests {
     /// The whole decision: headers, then the body.
     fn identify(s: &ServeSettings, h: &HeaderMap, body: Option<&serde_json::Value>) -> Result<String, ApiError> {
         match from_headers(s, h)? {
-            FromHeaders::User(u, _) => Ok(u),
+            FromHeaders::User(who) => Ok(who.user),
             FromHeaders::Body => {
                 let body = body.map(|b| super::super::body::JsonObject::parse(b.to_string().as_bytes()).unwrap());
-                from_body(s, body.as_ref()).map(|(u, _)| u)
+                from_body(s, body.as_ref()).map(|who| who.user)
             }
         }
     }

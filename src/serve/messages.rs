@@ -161,13 +161,14 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     let (parts, body) = req.into_parts();
     let s = &state.settings;
     let headers = identity_headers(&parts.headers)?;
-    let (who, budgets) = super::caller(state, &headers).map_err(for_messages_callers)?;
+    let (who, budgets) = super::caller(state, &headers).await.map_err(for_messages_callers)?;
     drop(headers);
-    let (user, source) = match who {
-        FromHeaders::User(u, source) => (u, source),
+    let who = match who {
+        FromHeaders::User(who) => who,
         // The Messages API has no `user` field: anonymous_user, else 401.
         FromHeaders::Body => identity::from_body(s, None).map_err(for_messages_callers)?,
     };
+    let user = who.user.clone();
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
     let mut obj = JsonObject::parse(&read.bytes)?;
 
@@ -207,7 +208,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     let others = CacheBreakpoints::of_parts(tools.as_ref(), Some(&Value::Array(kept_values)), Some(&messages), top);
 
     let started = Instant::now();
-    let mut request = ContextRequest::for_user(user.clone());
+    let mut request = ContextRequest::for_user(user.clone()).with_identity(&who);
     request.model = obj.str_field("model").filter(|m| !m.is_empty());
     request.select = Some(anthropic.select);
     // Priority mode does not rank: no query, so the same user's next turn
@@ -230,7 +231,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         Endpoint::CountTokens => "/v1/messages/count_tokens",
     };
     let ids = parts.extensions.get::<super::audit::Ids>();
-    let pending = super::audit::begin(&state.ctx, ids, route, source, &report, message.as_ref());
+    let pending = super::audit::begin(&state.ctx, ids, route, who.source, &report, message.as_ref());
     match message.as_ref().map(|m| m.content.as_str()) {
         Some(content) => {
             kept.push(raw(&context_block_json(content, others)));

@@ -27,6 +27,7 @@ pub(super) struct Metrics {
     restarts: Family<Labels, Gauge>,
     connected: Family<Labels, Gauge>,
     policy_reloads: Family<Labels, Counter>,
+    auth_failures: Family<Labels, Counter>,
     shared_up: Gauge,
     shared_hits: Counter,
     shared_derived: Family<Labels, Counter>,
@@ -78,6 +79,13 @@ impl Metrics {
         registry.register("server_connected", "1 when the MCP server is connected", connected.clone());
         let policy_reloads = Family::<Labels, Counter>::default();
         registry.register("policy_reloads", "Policy reloads (SIGHUP), by result", policy_reloads.clone());
+        let auth_failures = Family::<Labels, Counter>::default();
+        registry.register(
+            "auth_failures",
+            "Bearer tokens refused (serve.jwt), by reason: expired, bad_signature, wrong_audience, wrong_issuer, \
+             unknown_key, algorithm, malformed, missing_claim, not_yet_valid",
+            auth_failures.clone(),
+        );
         let shared_up = Gauge::default();
         let shared_hits = Counter::default();
         let shared_derived = Family::<Labels, Counter>::default();
@@ -140,7 +148,13 @@ impl Metrics {
             restarts,
             connected,
             policy_reloads,
+            auth_failures,
         }
+    }
+
+    /// One token refused, for `reason` (an [`AuthFailure`](crate::identity::AuthFailure) word).
+    pub(super) fn auth_failure(&self, reason: &str) {
+        self.auth_failures.get_or_create(&vec![("reason", reason.to_owned())]).inc();
     }
 
     pub(super) fn request(&self, route: &str, status: axum::http::StatusCode) {

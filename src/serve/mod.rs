@@ -52,7 +52,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::settings::{ServeSettings, UpstreamUser};
-use crate::{Config, ContextRequest, ExcludeReason, McpContext, Policy, Report};
+use crate::{Config, ContextRequest, McpContext, Policy};
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -68,6 +68,7 @@ use self::owners::{Owners, Verdict};
 use self::path::Canonical;
 use self::relay::{Outgoing, Upstream};
 use self::routes::{NoRoute, Route, Stored};
+use self::status::compact_report;
 
 /// The response header carrying the compact report.
 pub const REPORT_HEADER: &str = "x-mcp-context";
@@ -93,6 +94,8 @@ struct AppState {
     hosts: Option<Vec<String>>,
     /// The Messages API upstream (`serve.anthropic`), if configured.
     anthropic: Option<messages::Anthropic>,
+    /// `serve.jwt`: the verifier of JWT bearers.
+    jwt: Option<crate::identity::JwtVerifier>,
 }
 
 type Shared = Arc<AppState>;
@@ -262,12 +265,18 @@ fn json_content_type(req: &Request, route: &Route) -> Result<(), ApiError> {
     }
 }
 
-/// Who is calling, from the headers, and the body budgets that caller draws on.
-fn caller<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<(FromHeaders, Vec<&'a Budget>), ApiError> {
-    let who =
-        tracing::info_span!("mcp_context.identity").in_scope(|| identity::from_headers(&state.settings, headers))?;
+/// Who is calling, from the headers (a JWT bearer verified first, with
+/// `serve.jwt`), and the body budgets that caller draws on; in the span
+/// `mcp_context.identity`.
+async fn caller<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<(FromHeaders, Vec<&'a Budget>), ApiError> {
+    let span = tracing::info_span!("mcp_context.identity");
+    let verified = identity::verified(state.jwt.as_ref(), headers, |r| state.metrics.auth_failure(r));
+    let who = match tracing::Instrument::instrument(verified, span.clone()).await? {
+        Some(id) => FromHeaders::User(id),
+        None => span.in_scope(|| identity::from_headers(&state.settings, headers))?,
+    };
     let budgets = match &who {
-        FromHeaders::User(_, Source::Key | Source::Header) => vec![&state.bodies],
+        FromHeaders::User(id) if matches!(id.source, Source::Key | Source::Header | Source::Jwt) => vec![&state.bodies],
         _ => vec![&state.bodies, &state.unidentified],
     };
     Ok((who, budgets))
@@ -279,14 +288,15 @@ fn caller<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<(FromHeaders, 
 /// stored for the caller.
 async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
-    let (who, budgets) = caller(state, &parts.headers)?;
+    let (who, budgets) = caller(state, &parts.headers).await?;
     let s = &state.settings;
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
     let mut obj = JsonObject::parse(&read.bytes)?;
-    let (user, source) = match who {
-        FromHeaders::User(u, src) => (u, src),
+    let who = match who {
+        FromHeaders::User(who) => who,
         FromHeaders::Body => identity::from_body(s, Some(&obj))?,
     };
+    let user = who.user.clone();
     // The turns the question is taken from, parsed once; the rest stays raw.
     let (field, turns) = match kind {
         Kind::Chat => match obj.get("messages").map(|m| serde_json::from_str::<Vec<Box<RawValue>>>(m.get())) {
@@ -311,7 +321,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     };
 
     let started = Instant::now();
-    let mut request = ContextRequest::for_user(user.clone());
+    let mut request = ContextRequest::for_user(user.clone()).with_identity(&who);
     request.model = obj.str_field("model").filter(|m| !m.is_empty());
     // Relevance mode ranks by the conversation: the latest user turn, earlier
     // ones with less weight, exactly as the library's typed `inject`.
@@ -330,7 +340,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         Kind::Responses => "/v1/responses",
     };
     let ids = parts.extensions.get::<audit::Ids>();
-    let pending = audit::begin(&state.ctx, ids, route, source, &report, message.as_ref());
+    let pending = audit::begin(&state.ctx, ids, route, who.source, &report, message.as_ref());
     let content = message.as_ref().map(|m| m.content.as_str());
     match kind {
         Kind::Chat => {
@@ -498,33 +508,14 @@ fn pseudonym(key: &str, user: &str) -> String {
     mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// `x-mcp-context`: who, tokens used of the budget, and counts of what the
-/// caller's own context holds or lost (budget, read errors, failed servers),
-/// never of what the caller is denied.
-fn compact_report(r: &Report) -> String {
-    let user: String =
-        r.user.chars().map(|c| if c.is_ascii_graphic() && c != ';' && c != '"' { c } else { '_' }).collect();
-    let count = |reason: ExcludeReason| r.excluded.iter().filter(|e| e.reason == reason).count();
-    format!(
-        "user={user}; tokens={}/{}; included={}; truncated={}; over_budget={}; errors={}; failed={}",
-        r.tokens,
-        r.budget,
-        r.included.len(),
-        r.included.iter().filter(|i| i.truncated).count(),
-        count(ExcludeReason::Budget),
-        count(ExcludeReason::Error),
-        r.failed_servers.len()
-    )
-}
-
 /// A stored object: relayed only for its owner; anyone else gets the 404 a
 /// missing id gets, and the upstream is not asked.
 async fn stored_object(state: &Shared, req: Request, kind: Stored, id: &str) -> Result<Response, ApiError> {
-    let (who, _) = caller(state, req.headers())?;
+    let (who, _) = caller(state, req.headers()).await?;
     let user = match who {
-        FromHeaders::User(u, _) => u,
+        FromHeaders::User(who) => who.user,
         // No body names anyone on a read: anonymous_user, else 401.
-        FromHeaders::Body => identity::from_body(&state.settings, None)?.0,
+        FromHeaders::Body => identity::from_body(&state.settings, None)?.user,
     };
     owned(state, kind, id, &user).await?;
     relay_other(state, req, None).await
@@ -541,10 +532,10 @@ async fn relay_other(state: &Shared, req: Request, created: Option<Stored>) -> R
     let (who, budgets) = if s.forward_authorization && created.is_none() {
         (None, vec![&state.bodies, &state.unidentified])
     } else {
-        let (who, budgets) = caller(state, &parts.headers)?;
+        let (who, budgets) = caller(state, &parts.headers).await?;
         let user = match who {
-            FromHeaders::User(u, _) => u,
-            FromHeaders::Body => identity::from_body(s, None)?.0,
+            FromHeaders::User(who) => who.user,
+            FromHeaders::Body => identity::from_body(s, None)?.user,
         };
         (Some(user), budgets)
     };

@@ -1,6 +1,6 @@
-//! `/readyz` and `/metrics`: the proxy's state for probes and scrapers,
-//! the audit sinks included. May import the proxy's state and the engine's
-//! status calls.
+//! What the proxy says about itself and about one answer: `/readyz`,
+//! `/metrics` (the audit sinks included), and the `x-mcp-context` header.
+//! May import the rest of `serve`.
 
 use std::sync::atomic::Ordering;
 
@@ -9,6 +9,36 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
+use crate::{ExcludeReason, Report};
+
+/// `x-mcp-context`: who, tokens used of the budget, and counts of what the
+/// caller's own context holds or lost (budget, read errors, failed servers),
+/// never of what the caller is denied.
+pub(super) fn compact_report(r: &Report) -> String {
+    let user: String =
+        r.user.chars().map(|c| if c.is_ascii_graphic() && c != ';' && c != '"' { c } else { '_' }).collect();
+    let count = |reason: ExcludeReason| r.excluded.iter().filter(|e| e.reason == reason).count();
+    let clean = |s: &str| -> String {
+        s.chars().map(|c| if c.is_ascii_graphic() && !matches!(c, ';' | '"' | ',') { c } else { '_' }).collect()
+    };
+    // Who, by which source, with which roles: the caller's own, never what they are denied. Both keys are
+    // always there (roles may be empty), so the header's shape is the same for every caller.
+    let who = format!(
+        "; identity={}; roles={}",
+        r.identity.as_deref().map_or_else(|| "-".to_owned(), clean),
+        r.roles.iter().map(|x| clean(x)).collect::<Vec<_>>().join(",")
+    );
+    format!(
+        "user={user}; tokens={}/{}; included={}; truncated={}; over_budget={}; errors={}; failed={}{who}",
+        r.tokens,
+        r.budget,
+        r.included.len(),
+        r.included.iter().filter(|i| i.truncated).count(),
+        count(ExcludeReason::Budget),
+        count(ExcludeReason::Error),
+        r.failed_servers.len(),
+    )
+}
 
 /// Ready once the config and policy are loaded (they are, or the process
 /// would not be listening); MCP servers or the shared cache being down is
@@ -28,7 +58,12 @@ pub(super) fn readyz(state: &AppState) -> Response {
         .filter(|a| !a.up)
         .map(|a| format!("audit sink `{}` is down: its records are dropped (counted in /metrics)", a.sink))
         .collect();
-    let degraded = status.iter().any(|s| !s.connected) || shared.as_ref().is_some_and(|s| !s.up) || !notes.is_empty();
+    // The identity provider unreachable: the keys held keep verifying, but rotation would not be seen.
+    let idp = state.jwt.as_ref().and_then(crate::identity::JwtVerifier::problem);
+    let degraded = status.iter().any(|s| !s.connected)
+        || shared.as_ref().is_some_and(|s| !s.up)
+        || !notes.is_empty()
+        || idp.is_some();
     let draining = state.draining.load(Ordering::SeqCst);
     let word = if draining {
         "draining"
@@ -40,6 +75,9 @@ pub(super) fn readyz(state: &AppState) -> Response {
     let mut body = serde_json::json!({ "status": word });
     if !notes.is_empty() {
         body["notes"] = notes.into();
+    }
+    if let Some(problem) = idp {
+        body["identity_provider"] = problem.into();
     }
     if state.settings.readyz_details {
         let servers: Vec<_> = status

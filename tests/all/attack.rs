@@ -781,10 +781,15 @@ async fn a_guest_learns_nothing_about_what_he_is_denied() {
         assert!(!h.contains("excluded") && !h.contains("denied"), "{h}");
         assert!(h.contains("; over_budget=") && h.contains("; errors="), "{h}");
     }
-    // The same keys for everybody: counts of what the caller's own context holds or lost, nothing else.
+    // The same keys for everybody: counts of what the caller's own context holds or lost, and the caller's own
+    // identity source and roles (issue 34), nothing else.
     for h in [&bob, &alice] {
         let keys: Vec<&str> = h.split("; ").map(|kv| kv.split('=').next().unwrap()).collect();
-        assert_eq!(keys, ["user", "tokens", "included", "truncated", "over_budget", "errors", "failed"], "{h}");
+        assert_eq!(
+            keys,
+            ["user", "tokens", "included", "truncated", "over_budget", "errors", "failed", "identity", "roles"],
+            "{h}"
+        );
     }
 
     // Details only when the operator asks for them.

@@ -20,6 +20,7 @@ mod gate;
 mod hosts;
 mod hub;
 mod inject;
+mod jwt;
 mod latency;
 mod memory;
 mod messages;

@@ -797,7 +797,7 @@ async fn sigterm_lets_a_running_stream_finish_then_exits_leaving_no_process() {
 /// The Python of a venv under `target/` with the official `openai` package
 /// (`tests/python/requirements.txt`), created on first use (`.ci/run`
 /// creates it up front). An error when Python or the install is missing.
-fn python_openai() -> Result<PathBuf, String> {
+pub fn python_openai() -> Result<PathBuf, String> {
     let venv = std::path::Path::new(ROOT).join("target/py-openai");
     let python = venv.join("bin/python");
     let has_openai = |p: &std::path::Path| {
