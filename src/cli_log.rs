@@ -22,15 +22,16 @@ fn log_filter(verbose: u8) -> tracing_subscriber::EnvFilter {
 }
 
 /// The log lines on stderr: text, or (`--log-format json`) one JSON object
-/// per event with its level, time, fields and the current span's (a
-/// request's ids).
+/// per event with its level, time, fields, the current span's and (`spans`)
+/// those of every span it is in, outermost first: a request's ids are on
+/// `mcp_context.request`.
 fn log_layer<S>(verbose: u8, format: LogFormat) -> impl tracing_subscriber::Layer<S> + Send + Sync
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     use tracing_subscriber::Layer;
     if format == LogFormat::Json {
-        let layer = tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(false);
+        let layer = tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(true);
         return layer.with_writer(std::io::stderr).boxed().with_filter(log_filter(verbose));
     }
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);

@@ -232,7 +232,9 @@ async fn serve_records_each_injection_and_audit_answers_who_received_what() {
             .iter()
             .find(|e| e["fields"]["message"] == message && (user.is_empty() || e["fields"]["user"] == user))
             .unwrap_or_else(|| panic!("no `{message}` event in {log}"));
-        let span = &e["span"];
+        // The request's span (outermost) carries them, whichever span the event is in.
+        let span = e["spans"].as_array().and_then(|s| s.iter().find(|s| s["name"] == "mcp_context.request"));
+        let span = span.unwrap_or_else(|| panic!("no request span around {e}"));
         assert_eq!(span["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736", "{e}");
         assert!(span["request_id"].as_str().is_some_and(|r| r.starts_with("req-")), "{e}");
     }
