@@ -221,7 +221,6 @@ pub(crate) fn random_hex() -> String {
 }
 
 /// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), if it is one (not all zeros).
-#[cfg(any(test, feature = "serve"))]
 pub(crate) fn trace_id_of(traceparent: &str) -> Option<String> {
     let parts: Vec<&str> = traceparent.trim().split('-').collect();
     let hex_of =
