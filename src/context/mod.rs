@@ -426,9 +426,9 @@ impl McpContext {
         origin: Origin,
     ) -> Option<AuditRecord> {
         let auditor = self.audit.as_ref()?;
-        let roles = self.policy().for_user(&report.user).roles().to_vec();
+        // The roles the policy was applied with (a verified token's included), as the report says.
         let content = message.map(|m| m.content.as_str());
-        Some(AuditRecord::new(report, content, &roles, origin, auditor.denied_ids()))
+        Some(AuditRecord::new(report, content, &report.roles, origin, auditor.denied_ids()))
     }
 
     /// Hands a record to the audit sinks (never waits; a full queue drops it, counted).
