@@ -370,15 +370,23 @@ async fn a_library_injection_writes_one_record() {
         .build()
         .unwrap();
     let (_, report) = ctx.inject(request, "alice").await.unwrap();
+    // An application that verified its own user's token: the record says so, with the roles the policy was
+    // applied with (the token's `member`, not the `default_roles` the name alone would get).
+    let who =
+        mcp_context::identity::Identity::new("dave", mcp_context::identity::IdentitySource::Jwt).with_roles(["member"]);
+    let (_, dave) = ctx.build(&mcp_context::ContextRequest::for_user("dave").with_identity(&who)).await.unwrap();
+    assert_eq!(dave.roles, ["member"]);
     ctx.close().await;
     let text = std::fs::read_to_string(&file).unwrap();
     let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.len(), 1, "{text}");
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!((lines[1]["user"].as_str(), lines[1]["identity_source"].as_str()), (Some("dave"), Some("jwt")));
+    assert_eq!(lines[1]["roles"], json!(["member"]), "{text}");
     let r = &lines[0];
     assert_eq!((r["route"].as_str(), r["identity_source"].as_str()), (Some("library"), Some("library")));
     assert_eq!(r["user"], "alice");
     assert_eq!(r["tokens"], json!(report.tokens));
     assert_eq!(r["included"].as_array().unwrap().len(), report.included.len());
     assert!(r.get("upstream_status").is_none());
-    assert_eq!(ctx.audit_status()[0].written, 1);
+    assert_eq!(ctx.audit_status()[0].written, 2);
 }
