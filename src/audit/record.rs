@@ -204,7 +204,17 @@ fn unescape(s: &str) -> String {
 }
 
 fn hex(h: Sha256) -> String {
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex_bytes(&h.finalize())
+}
+
+/// Lower-case hex of `bytes`, in one allocation.
+fn hex_bytes(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 /// 16 random bytes in hex (a W3C trace id's size), or, should the system's
@@ -217,7 +227,7 @@ pub(crate) fn random_hex() -> String {
         let seed = format!("{:?}{}", std::time::SystemTime::now(), N.fetch_add(1, Ordering::Relaxed));
         b.copy_from_slice(&Sha256::digest(seed.as_bytes())[..16]);
     }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    hex_bytes(&b)
 }
 
 /// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), if it is one (not all zeros).

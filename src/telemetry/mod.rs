@@ -47,6 +47,10 @@ mod on {
     /// Makes `span` a child of the caller's trace when `headers` carry a
     /// valid `traceparent`.
     pub(crate) fn continue_from(span: &tracing::Span, headers: &http::HeaderMap) {
+        // Most requests carry no trace, and a span nobody records needs no parent.
+        if span.is_disabled() || !headers.contains_key("traceparent") {
+            return;
+        }
         let cx = TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers));
         if cx.span().span_context().is_valid() {
             let _ = span.set_parent(cx);

@@ -98,20 +98,37 @@ fn traceparent(v: &str) -> (String, String, String) {
     (p[1].to_owned(), p[2].to_owned(), p[3].to_owned())
 }
 
+/// The receiver, the upstream and `serve` in front of the fixture MCP
+/// server (which logs each read's `_meta`), every resource visible.
+struct Setup {
+    receiver: Receiver,
+    up: Upstream,
+    log: PathBuf,
+    proxy: Proxy,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn start(py: &Path, ratio: f64) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let receiver = Receiver::start(py, dir.path()).await;
+        let up = Upstream::start().await;
+        let (log, policy) = (dir.path().join("fx.log"), dir.path().join("policy.yaml"));
+        std::fs::write(&policy, "default_roles: [all]\nroles:\n  all:\n    allow: [{ server: fx, uri: \"**\" }]\n")
+            .unwrap();
+        let tag = tag();
+        let proxy = Proxy::start_config(&config(&tag, &log, &policy, receiver.port, ratio), &up.base, tag).await;
+        Setup { receiver, up, log, proxy, _dir: dir }
+    }
+}
+
 #[tokio::test]
 async fn one_request_is_one_trace_from_the_caller_through_the_mcp_server_to_the_upstream() {
     let py = match python_otel() {
         Ok(p) => p,
         Err(why) => return skip("one_request_is_one_trace…", &why),
     };
-    let dir = tempfile::tempdir().unwrap();
-    let receiver = Receiver::start(&py, dir.path()).await;
-    let up = Upstream::start().await;
-    let (log, policy) = (dir.path().join("fx.log"), dir.path().join("policy.yaml"));
-    std::fs::write(&policy, "default_roles: [all]\nroles:\n  all:\n    allow: [{ server: fx, uri: \"**\" }]\n")
-        .unwrap();
-    let tag = tag();
-    let proxy = Proxy::start_config(&config(&tag, &log, &policy, receiver.port, 1.0), &up.base, tag).await;
+    let Setup { receiver, up, log, proxy, _dir } = Setup::start(&py, 1.0).await;
 
     let resp = proxy
         .post("/v1/chat/completions", Some("key-alice"), &chat_body("what is in the docs?"))
@@ -227,14 +244,7 @@ async fn sampling_follows_the_ratio_and_the_callers_decision() {
         Ok(p) => p,
         Err(why) => return skip("sampling_follows_the_ratio…", &why),
     };
-    let dir = tempfile::tempdir().unwrap();
-    let receiver = Receiver::start(&py, dir.path()).await;
-    let up = Upstream::start().await;
-    let (log, policy) = (dir.path().join("fx.log"), dir.path().join("policy.yaml"));
-    std::fs::write(&policy, "default_roles: [all]\nroles:\n  all:\n    allow: [{ server: fx, uri: \"**\" }]\n")
-        .unwrap();
-    let tag = tag();
-    let proxy = Proxy::start_config(&config(&tag, &log, &policy, receiver.port, 0.0), &up.base, tag).await;
+    let Setup { receiver, up, proxy, _dir, .. } = Setup::start(&py, 0.0).await;
     let resp = proxy.post("/v1/chat/completions", Some("key-bob"), &chat_body("unsampled")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let _ = resp.bytes().await.unwrap();
