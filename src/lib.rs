@@ -56,6 +56,7 @@ mod client;
 pub mod compose;
 mod config;
 mod context;
+pub mod credentials;
 /// The bundled demo MCP server (`mcp-context demo-server`), public because
 /// the CLI, the chatbot example and the tests start it in-process; feature
 /// `cli`.
@@ -115,6 +116,9 @@ pub mod settings {
         KeyDigest, PassthroughRule, Protocol, ServeSettings, ServerConfig, Transport, UpstreamUser,
     };
     pub use crate::config::{DEFAULT_SERVICE_NAME, TelemetrySettings};
+    pub use crate::config::{
+        ClientAuthMethod, OAuthSettings, PerUserHeadersSettings, ServerAuth, TokenExchangeSettings,
+    };
 }
 
 /// Who may see what: the compiled policy ([`Policy`] is at the crate root),

@@ -28,6 +28,7 @@
 //! composition defaults (`SelectMode`, chunk sizes); nothing above them.
 
 mod audit;
+mod auth;
 mod cache;
 mod context;
 mod env;
@@ -49,6 +50,9 @@ pub use self::audit::{
     DEFAULT_AUDIT_QUEUE, DEFAULT_AUDIT_SCHEMA, DEFAULT_AUDIT_TABLE,
 };
 use self::cache::RawCache;
+pub use self::auth::{
+    ClientAuthMethod, OAuthSettings, PerUserHeadersSettings, ServerAuth, TokenExchangeSettings,
+};
 pub use self::cache::{CacheBackend, CacheSettings, DEFAULT_KEY_PREFIX, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL};
 pub use self::context::{ContextSettings, DEFAULT_WARM_MEMO_MAX_BYTES};
 use self::env::Expander;
