@@ -139,6 +139,29 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time (user + system) a process has used so far, in ms.
+fn cpu_ms(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the command name (which may hold spaces) end at its last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no memory-safety preconditions.
+    #[allow(unsafe_code)]
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks * 1e3 / hz
+}
+
+/// CPU time used so far by every process named `postgres` (the server and its backends), in ms.
+fn postgres_cpu_ms() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0.0 };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "postgres"))
+        .map(cpu_ms)
+        .sum()
+}
+
 /// Starts the release proxy on `yaml` (written to `config`); the child and its base URL.
 async fn start_proxy(
     exe: &std::path::Path,
@@ -255,9 +278,9 @@ async fn main() {
     let rss_start = rss_kib(pid);
 
     println!(
-        "\n| api | clients | mode | direct p50 | proxy p50 | added p50 | direct p99 | proxy p99 | added p99 | proxy req/s |"
+        "\n| api | clients | mode | direct p50 | proxy p50 | added p50 | direct p99 | proxy p99 | added p99 | proxy req/s | proxy CPU ms/req | postgres CPU ms/req |"
     );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for concurrency in [1, 16, 64] {
         for (api, direct, via) in [
             ("chat", direct.clone(), via.clone()),
@@ -269,11 +292,13 @@ async fn main() {
             for stream in [false, true] {
                 let total = requests.max(concurrency) / concurrency * concurrency;
                 let (d, _) = run(&client, &direct, stream, concurrency, total).await;
+                let (cpu0, pg0) = (cpu_ms(pid), postgres_cpu_ms());
                 let (p, wall) = run(&client, &via, stream, concurrency, total).await;
+                let cpu = (cpu_ms(pid) - cpu0, postgres_cpu_ms() - pg0);
                 let mode = if stream { "streamed (TTFB)" } else { "whole response" };
-                let row = |label: &str, p: &[f64], wall: f64| {
+                let row = |label: &str, p: &[f64], wall: f64, (cpu, pg): (f64, f64)| {
                     println!(
-                        "| {api} | {concurrency} | {mode}{label} | {:.3} | {:.3} | **{:.3}** | {:.3} | {:.3} | **{:.3}** | {:.0} |",
+                        "| {api} | {concurrency} | {mode}{label} | {:.3} | {:.3} | **{:.3}** | {:.3} | {:.3} | **{:.3}** | {:.0} | {:.3} | {:.3} |",
                         pct(&d, 0.5),
                         pct(p, 0.5),
                         pct(p, 0.5) - pct(&d, 0.5),
@@ -281,13 +306,17 @@ async fn main() {
                         pct(p, 0.99),
                         pct(p, 0.99) - pct(&d, 0.99),
                         total as f64 / wall,
+                        cpu / total as f64,
+                        pg / total as f64,
                     )
                 };
-                row("", &p, wall);
-                if let Some((_, a)) = &audited {
+                row("", &p, wall, cpu);
+                if let Some((child, a)) = &audited {
                     let url = via.replace(&proxy, a);
+                    let apid = child.id().unwrap_or(0);
+                    let (cpu0, pg0) = (cpu_ms(apid), postgres_cpu_ms());
                     let (pa, wall) = run(&client, &url, stream, concurrency, total).await;
-                    row(second, &pa, wall);
+                    row(second, &pa, wall, (cpu_ms(apid) - cpu0, postgres_cpu_ms() - pg0));
                 }
             }
         }
