@@ -39,6 +39,8 @@ pub(super) struct Composed {
     /// The mode that ran (`auto` resolved).
     pub(super) mode: SelectMode,
     pub(super) warnings: Vec<String>,
+    /// What is worked out from the message once, for every request that sends it.
+    pub(super) derived: Arc<super::MessageDerived>,
 }
 
 impl From<Composition> for Composed {
@@ -50,6 +52,7 @@ impl From<Composition> for Composed {
             dropped: c.dropped,
             mode: SelectMode::Priority,
             warnings: Vec::new(),
+            derived: Arc::default(),
         }
     }
 }

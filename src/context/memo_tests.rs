@@ -16,7 +16,12 @@ fn key(user: &str) -> WarmKey {
 }
 
 fn entry(policy: &Arc<Policy>, message_bytes: usize) -> WarmEntry {
-    let message = ContextMessage { role: MessageRole::System, content: Arc::new("m".repeat(message_bytes)), tokens: 1 };
+    let message = ContextMessage {
+        role: MessageRole::System,
+        content: Arc::new("m".repeat(message_bytes)),
+        tokens: 1,
+        derived: Default::default(),
+    };
     WarmEntry {
         policy: policy.clone(),
         listing_generation: 0,

@@ -277,6 +277,7 @@ impl<'a> Run<'a> {
             role: ctx.settings.role,
             content,
             tokens: composed.tokens,
+            derived: composed.derived.clone(),
         });
         let reason = message.is_none().then(|| {
             if selected == 0 {
