@@ -60,12 +60,23 @@ where
         .with_resource(Resource::builder().with_service_name(settings.service_name.clone()).build())
         .build();
     let tracer = provider.tracer("mcp-context");
-    // rmcp's own events can quote request URLs (and so query-string keys):
-    // they never become span events, whatever the log filter says.
-    let filter = tracing_subscriber::filter::Targets::new()
-        .with_default(tracing::Level::INFO)
-        .with_target("rmcp", tracing_subscriber::filter::LevelFilter::OFF);
-    let layer = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(filter);
+    // Spans from `info`; events (which become span events) only from `warn`: the proxy's `info` events carry
+    // the whole report as JSON (a thousand exclusions is 60 KB), and a layer that wanted them would have
+    // every request build that text, copy it into its span and export it, whatever the log filter says.
+    // rmcp's own events can quote request URLs (and so query-string keys): never.
+    let filter = tracing_subscriber::filter::filter_fn(|meta| {
+        let floor = if meta.is_span() { tracing::Level::INFO } else { tracing::Level::WARN };
+        *meta.level() <= floor && !meta.target().starts_with("rmcp")
+    })
+    .with_max_level_hint(tracing::Level::INFO);
+    // Per span, only what a trace reader uses: no `busy_ns`/`idle_ns` (a clock read on every poll of every
+    // instrumented future), no thread name and id, no source file and line (four string attributes a span).
+    let layer = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_tracked_inactivity(false)
+        .with_threads(false)
+        .with_location(false)
+        .with_filter(filter);
     Ok((layer, Telemetry { provider }))
 }
 
