@@ -115,10 +115,10 @@ pub mod settings {
         DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM, DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST,
         KeyDigest, PassthroughRule, Protocol, ServeSettings, ServerConfig, Transport, UpstreamUser,
     };
-    pub use crate::config::{DEFAULT_SERVICE_NAME, TelemetrySettings};
     pub use crate::config::{
         ClientAuthMethod, OAuthSettings, PerUserHeadersSettings, ServerAuth, TokenExchangeSettings,
     };
+    pub use crate::config::{DEFAULT_SERVICE_NAME, TelemetrySettings};
 }
 
 /// Who may see what: the compiled policy ([`Policy`] is at the crate root),

@@ -110,17 +110,16 @@ impl AuditRecord {
     /// The record of `report`, whose message (if any) is `message`.
     pub(crate) fn new(
         report: &Report,
-        message: Option<&str>,
+        blocks: Option<&Digests>,
         roles: &[String],
         origin: Origin,
         denied_ids: bool,
     ) -> Self {
-        let mut blocks = message.map(block_digests).unwrap_or_default();
         let included = report
             .included
             .iter()
             .map(|i| AuditResource {
-                sha256: blocks.remove(&i.id).map(hex).unwrap_or_default(),
+                sha256: blocks.and_then(|b| b.get(&i.id)).cloned().unwrap_or_default(),
                 id: i.id.clone(),
                 tokens: i.tokens,
                 truncated: i.truncated,
@@ -156,6 +155,14 @@ impl AuditRecord {
             injection_ms: report.timings.total_ms,
         }
     }
+}
+
+/// The hex SHA-256 of each resource block of one message, by `server:uri`.
+pub(crate) type Digests = HashMap<String, String>;
+
+/// [`block_digests`] in hex.
+pub(crate) fn digests(message: &str) -> Digests {
+    block_digests(message).into_iter().map(|(id, h)| (id, hex(h))).collect()
 }
 
 /// The SHA-256 of each resource block of a message, by `server:uri`. A block
@@ -208,7 +215,7 @@ fn hex(h: Sha256) -> String {
 }
 
 /// Lower-case hex of `bytes`, in one allocation.
-fn hex_bytes(bytes: &[u8]) -> String {
+pub(super) fn hex_bytes(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {

@@ -49,10 +49,8 @@ pub use self::audit::{
     AuditSettings, AuditSink, DEFAULT_AUDIT_BATCH, DEFAULT_AUDIT_FILE_KEEP, DEFAULT_AUDIT_FILE_MAX_BYTES,
     DEFAULT_AUDIT_QUEUE, DEFAULT_AUDIT_SCHEMA, DEFAULT_AUDIT_TABLE,
 };
+pub use self::auth::{ClientAuthMethod, OAuthSettings, PerUserHeadersSettings, ServerAuth, TokenExchangeSettings};
 use self::cache::RawCache;
-pub use self::auth::{
-    ClientAuthMethod, OAuthSettings, PerUserHeadersSettings, ServerAuth, TokenExchangeSettings,
-};
 pub use self::cache::{CacheBackend, CacheSettings, DEFAULT_KEY_PREFIX, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL};
 pub use self::context::{ContextSettings, DEFAULT_WARM_MEMO_MAX_BYTES};
 use self::env::Expander;

@@ -110,7 +110,8 @@ pub struct MemoryTokenStore {
 
 impl TokenStore for MemoryTokenStore {
     fn get<'a>(&'a self, server: &'a str, user: &'a str) -> BoxFuture<'a, Result<Option<TokenSet>>> {
-        let got = self.map.lock().unwrap_or_else(|e| e.into_inner()).get(&(server.to_owned(), user.to_owned())).cloned();
+        let got =
+            self.map.lock().unwrap_or_else(|e| e.into_inner()).get(&(server.to_owned(), user.to_owned())).cloned();
         Box::pin(async move { Ok(got) })
     }
     fn put<'a>(&'a self, server: &'a str, user: &'a str, tokens: &'a TokenSet) -> BoxFuture<'a, Result<()>> {

@@ -200,16 +200,18 @@ async fn serve_records_each_injection_and_audit_answers_who_received_what() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    for want in ["injections_at", "injections_user_at", "injections_resources"] {
+    for want in ["injections_at", "injections_user_at", "injections_set_at", "injections_sets_resources"] {
         assert!(idx.iter().any(|i| i == want), "{want} in {idx:?}");
     }
-    let rows: Vec<String> = db
-        .query(&format!("SELECT t::text FROM \"{}\".injections t", schema.0), &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    // Alice's two unchanged requests share one stored set of resources; Bob's is another.
+    let sets: i64 =
+        db.query_one(&format!("SELECT count(*) FROM \"{}\".injections_sets", schema.0), &[]).await.unwrap().get(0);
+    assert_eq!(sets, 2, "one set per distinct injection");
+    let mut rows: Vec<String> = Vec::new();
+    for t in ["injections", "injections_sets"] {
+        let q = format!("SELECT t::text FROM \"{}\".{t} t", schema.0);
+        rows.extend(db.query(&q, &[]).await.unwrap().iter().map(|r| r.get::<_, String>(0)));
+    }
     let table = rows.join("\n");
     let file = std::fs::read_to_string(proxy.dir.path().join("audit/injections.jsonl")).unwrap();
     assert_eq!(file.lines().count(), 3, "one line per injection");
@@ -311,7 +313,7 @@ async fn postgres_going_away_loses_no_request_and_counts_the_dropped_records() {
     wait_until("three rows", Duration::from_secs(20), async || count(&db, &schema.0).await == 3).await;
     // The callers sent no traceparent: the upstream got one with each record's trace id.
     let traces: Vec<String> = db
-        .query(&format!("SELECT record->>'trace_id' FROM \"{}\".injections", schema.0), &[])
+        .query(&format!("SELECT trace_id FROM \"{}\".injections", schema.0), &[])
         .await
         .unwrap()
         .iter()
@@ -389,4 +391,78 @@ async fn a_library_injection_writes_one_record() {
     assert_eq!(r["included"].as_array().unwrap().len(), report.included.len());
     assert!(r.get("upstream_status").is_none());
     assert_eq!(ctx.audit_status()[0].written, 2);
+}
+
+/// A table written by the first layout (one `record jsonb` a row, the resources in a GIN-indexed array) is
+/// migrated in place when the audit trail next starts: the query answers with the old record whole, its
+/// resources now a stored set, and the old columns gone.
+#[tokio::test]
+async fn a_table_of_the_first_layout_is_migrated_in_place() {
+    let test = "a_table_of_the_first_layout_is_migrated_in_place";
+    let Some(db) = pg(test).await else { return };
+    let schema = Schema::new();
+    let s = &schema.0;
+    let old = json!({
+        "at": "2026-12-02T10:00:00.123Z", "request_id": "req-1", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+        "route": "/v1/chat/completions", "model": "gpt-4o", "user": "alice", "identity_source": "key",
+        "roles": ["staff"], "mode": "priority", "budget": 4000, "tokens": 120,
+        "included": [{"id": "demo:demo://docs/guide", "sha256": "ab".repeat(32), "tokens": 120, "truncated": false,
+                      "passages": false}],
+        "excluded": {"denied": 1}, "denied": ["demo:secret://payroll/2026"], "upstream_status": 200,
+        "upstream_ms": 1.5, "injection_ms": 0.25
+    });
+    db.batch_execute(&format!(
+        "CREATE SCHEMA \"{s}\";
+         CREATE TABLE \"{s}\".injections (id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now(),
+           request_id text NOT NULL DEFAULT '', trace_id text NOT NULL DEFAULT '', route text NOT NULL DEFAULT '',
+           model text NOT NULL DEFAULT '', user_name text NOT NULL DEFAULT '', identity_source text NOT NULL DEFAULT '',
+           roles text[] NOT NULL DEFAULT '{{}}', resources text[] NOT NULL DEFAULT '{{}}', upstream_status integer,
+           record jsonb NOT NULL DEFAULT '{{}}');
+         CREATE INDEX injections_resources ON \"{s}\".injections USING gin (resources);"
+    ))
+    .await
+    .unwrap();
+    db.execute(
+        &format!(
+            "INSERT INTO \"{s}\".injections (at, request_id, trace_id, route, model, user_name, identity_source, roles,
+               resources, upstream_status, record)
+             SELECT (r->>'at')::timestamptz, r->>'request_id', r->>'trace_id', r->>'route', r->>'model', r->>'user',
+               r->>'identity_source', ARRAY(SELECT jsonb_array_elements_text(r->'roles')),
+               ARRAY(SELECT e->>'id' FROM jsonb_array_elements(r->'included') e), (r->>'upstream_status')::integer, r
+             FROM (SELECT $1::text::jsonb AS r) x"
+        ),
+        &[&old.to_string()],
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "servers: {{}}\naudit:\n  sinks:\n    - postgres: {{ url: \"{}\", schema: {s}, table: injections }}\n",
+        pg_url()
+    );
+    let config = mcp_context::Config::from_yaml(&yaml, &dir.path().join("c.yaml")).unwrap();
+    use mcp_context::audit::{AuditQuery, query};
+    for _ in 0..2 {
+        let who = AuditQuery::WhoReceived { resource: "demo:demo://docs/guide".into(), since: None };
+        let got = query(&config.audit, &who).await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(serde_json::to_value(&got[0]).unwrap(), old, "the old record, whole");
+        let by = AuditQuery::ReceivedBy { user: "alice".into(), since: Some("2026-12-02T09:00:00Z".into()) };
+        assert_eq!(query(&config.audit, &by).await.unwrap().len(), 1);
+        let none = AuditQuery::WhoReceived { resource: "demo:secret://payroll/2026".into(), since: None };
+        assert!(query(&config.audit, &none).await.unwrap().is_empty(), "denied is not received");
+    }
+    let cols: Vec<String> = db
+        .query(
+            "SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'injections'",
+            &[s],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(!cols.iter().any(|c| c == "record" || c == "resources"), "{cols:?}");
+    let sets: i64 = db.query_one(&format!("SELECT count(*) FROM \"{s}\".injections_sets"), &[]).await.unwrap().get(0);
+    assert_eq!(sets, 1);
 }
