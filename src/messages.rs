@@ -101,6 +101,18 @@ pub fn context_block_json(content: &str, others: CacheBreakpoints) -> Value {
     json!({"type": "text", "text": text, "cache_control": cache})
 }
 
+/// Which of [`context_block_json`]'s forms `others` gets (for the message's
+/// memo of its forms).
+#[cfg(feature = "serve")]
+pub(crate) fn context_block_form(others: CacheBreakpoints) -> crate::context::MessageForm {
+    use crate::context::MessageForm;
+    match (others.count >= MAX_CACHE_BREAKPOINTS, others.one_hour_after_system) {
+        (true, _) => MessageForm::SystemBlock,
+        (false, false) => MessageForm::SystemBlockCached,
+        (false, true) => MessageForm::SystemBlockCachedHour,
+    }
+}
+
 /// Puts `content` (if any) into a Messages body as the last `system` block,
 /// removing any block of ours first (see the module docs). A string
 /// `system` becomes a one-block list (an empty one is dropped); without

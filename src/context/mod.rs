@@ -81,12 +81,15 @@ mod derived {
     }
 }
 mod memo;
+mod message;
 mod read;
 mod select;
 
 mod request;
 
 use memo::{CompositionMemo, SelectionMemo, WarmMemo};
+pub use message::ContextMessage;
+pub(crate) use message::{MessageDerived, MessageForm};
 use request::Run;
 
 /// What to build the context for: [`ContextRequest::for_user`], then the
@@ -199,63 +202,6 @@ impl From<&String> for ContextRequest {
 impl From<&ContextRequest> for ContextRequest {
     fn from(req: &ContextRequest) -> Self {
         req.clone()
-    }
-}
-
-/// The message to inject.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ContextMessage {
-    /// `system` or `developer`.
-    pub role: MessageRole,
-    /// The text, shared with the engine's memo of recent compositions: an
-    /// unchanged request hands out the same message without copying it (a
-    /// message with everything in it is as large as all the contents).
-    pub content: Arc<String>,
-    /// Its exact token count.
-    pub tokens: usize,
-    /// Worked out from the content once, shared by every copy of it.
-    pub(crate) derived: Arc<MessageDerived>,
-}
-
-impl PartialEq for ContextMessage {
-    fn eq(&self, other: &Self) -> bool {
-        (self.role, &self.content, self.tokens) == (other.role, &other.content, other.tokens)
-    }
-}
-
-/// What is worked out from one composed message at most once, however many
-/// requests send it (the composition memo and the warm memo hand out copies
-/// sharing this): the chat message as JSON, which the proxy writes into every
-/// forwarded body (escaping a 40 KB message cost more than the rest of the
-/// proxy's work on a warm request), and the digests of its blocks for the
-/// audit record (hashing it, more than the rest of the record).
-#[derive(Debug, Default)]
-pub(crate) struct MessageDerived {
-    chat_json: std::sync::OnceLock<Box<serde_json::value::RawValue>>,
-    digests: std::sync::OnceLock<Arc<crate::audit::Digests>>,
-}
-
-impl ContextMessage {
-    /// The chat message `{"role", "content", "name"}` as JSON, made once.
-    #[cfg(feature = "serve")]
-    pub(crate) fn chat_json(&self) -> &serde_json::value::RawValue {
-        self.derived.chat_json.get_or_init(|| {
-            /// Our message, its fields in the order chat messages are usually written.
-            #[derive(serde::Serialize)]
-            struct Ours<'a> {
-                role: MessageRole,
-                content: &'a str,
-                name: &'a str,
-            }
-            let ours = Ours { role: self.role, content: &self.content, name: crate::inject::MESSAGE_NAME };
-            serde_json::value::to_raw_value(&ours).expect("a struct of strings is JSON")
-        })
-    }
-
-    /// The SHA-256 of each resource block, by `server:uri`, made once.
-    pub(crate) fn digests(&self) -> Arc<crate::audit::Digests> {
-        self.derived.digests.get_or_init(|| Arc::new(crate::audit::digests(&self.content))).clone()
     }
 }
 

@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use crate::messages::{CacheBreakpoints, context_block_json, is_context_block_json};
+use crate::messages::{CacheBreakpoints, context_block_form, context_block_json, is_context_block_json};
 use crate::settings::ServeSettings;
 use crate::{ContextRequest, SelectMode};
 use axum::extract::Request;
@@ -232,9 +232,11 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     };
     let ids = parts.extensions.get::<super::audit::Ids>();
     let pending = super::audit::begin(&state.ctx, ids, route, who.source, &report, message.as_ref());
-    match message.as_ref().map(|m| m.content.as_str()) {
-        Some(content) => {
-            kept.push(raw(&context_block_json(content, others)));
+    match message.as_ref() {
+        Some(m) => {
+            // Made once per composition and breakpoint form, then copied (as the chat message is).
+            let form = context_block_form(others);
+            kept.push(m.json_form(form, |m| raw(&context_block_json(&m.content, others))).to_owned());
             obj.set("system", raw(&kept));
         }
         None if was_string && !dropped => {}

@@ -1,0 +1,94 @@
+//! The composed message ([`ContextMessage`]) and what is worked out from it
+//! once however many requests send it: its JSON forms and block digests.
+//!
+//! Layer: orchestrator (beside `mod.rs`). Imports `mode`, `inject`'s message
+//! name and the audit digests; nothing above.
+
+use std::sync::Arc;
+
+use crate::mode::MessageRole;
+
+/// The message to inject.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ContextMessage {
+    /// `system` or `developer`.
+    pub role: MessageRole,
+    /// The text, shared with the engine's memo of recent compositions: an
+    /// unchanged request hands out the same message without copying it (a
+    /// message with everything in it is as large as all the contents).
+    pub content: Arc<String>,
+    /// Its exact token count.
+    pub tokens: usize,
+    /// Worked out from the content once, shared by every copy of it.
+    pub(crate) derived: Arc<MessageDerived>,
+}
+
+impl PartialEq for ContextMessage {
+    fn eq(&self, other: &Self) -> bool {
+        (self.role, &self.content, self.tokens) == (other.role, &other.content, other.tokens)
+    }
+}
+
+/// What is worked out from one composed message at most once, however many
+/// requests send it (the composition memo and the warm memo hand out copies
+/// sharing this): the message in each JSON form the proxy writes into a
+/// forwarded body (escaping a 40 KB message cost more than the rest of the
+/// proxy's work on a warm request), and the digests of its blocks for the
+/// audit record (hashing it, more than the rest of the record).
+#[derive(Debug, Default)]
+pub(crate) struct MessageDerived {
+    forms: [std::sync::OnceLock<Box<serde_json::value::RawValue>>; MessageForm::COUNT],
+    digests: std::sync::OnceLock<Arc<crate::audit::Digests>>,
+}
+
+/// The JSON forms a message is sent in, each made once per message.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "serve"), allow(dead_code))]
+pub(crate) enum MessageForm {
+    /// A chat message `{"role", "content", "name"}`.
+    Chat,
+    /// An Anthropic `system` text block, without a cache breakpoint.
+    SystemBlock,
+    /// The same with `cache_control: {"type": "ephemeral"}`.
+    SystemBlockCached,
+    /// The same with `ttl: "1h"`.
+    SystemBlockCachedHour,
+}
+
+impl MessageForm {
+    const COUNT: usize = 4;
+}
+
+impl ContextMessage {
+    /// The message as `form`, made by `make` the first time it is asked for.
+    #[cfg_attr(not(feature = "serve"), allow(dead_code))]
+    pub(crate) fn json_form(
+        &self,
+        form: MessageForm,
+        make: impl FnOnce(&ContextMessage) -> Box<serde_json::value::RawValue>,
+    ) -> &serde_json::value::RawValue {
+        self.derived.forms[form as usize].get_or_init(|| make(self))
+    }
+
+    /// The chat message `{"role", "content", "name"}` as JSON, made once.
+    #[cfg(feature = "serve")]
+    pub(crate) fn chat_json(&self) -> &serde_json::value::RawValue {
+        self.json_form(MessageForm::Chat, |m| {
+            /// Our message, its fields in the order chat messages are usually written.
+            #[derive(serde::Serialize)]
+            struct Ours<'a> {
+                role: MessageRole,
+                content: &'a str,
+                name: &'a str,
+            }
+            let ours = Ours { role: m.role, content: &m.content, name: crate::inject::MESSAGE_NAME };
+            serde_json::value::to_raw_value(&ours).expect("a struct of strings is JSON")
+        })
+    }
+
+    /// The SHA-256 of each resource block, by `server:uri`, made once.
+    pub(crate) fn digests(&self) -> Arc<crate::audit::Digests> {
+        self.derived.digests.get_or_init(|| Arc::new(crate::audit::digests(&self.content))).clone()
+    }
+}
