@@ -8,7 +8,7 @@
 //! ```text
 //! cargo build --release --bin mcp-context --example bench_server --example bench_serve
 //! target/release/examples/bench_serve [--requests 2000] [--rss-requests 100000] [--apis chat,messages]
-//!     [--audit-pg postgres://postgres@127.0.0.1:5432/test] [--traces]
+//!     [--audit-pg postgres://postgres@127.0.0.1:5432/test] [--traces [--sample-ratio R]]
 //! ```
 //!
 //! With `--audit-pg URL` a second proxy runs beside the first with the
@@ -17,7 +17,7 @@
 //! measured three ways in turn (direct, proxy, proxy with audit), so the
 //! audit's cost is read off one run; the records written and dropped follow.
 //! `--traces` gives that second proxy `telemetry:` too (every request
-//! sampled, spans exported over OTLP/HTTP to a sink in this process that
+//! sampled, or the share `--sample-ratio` gives; spans exported over OTLP/HTTP to a sink in this process that
 //! only counts the exports); alone, it runs the second proxy with traces only.
 //!
 //! The upstream is an in-process axum server answering at once (a fixed
@@ -197,6 +197,9 @@ async fn main() {
 
     let audit_pg = args.iter().position(|a| a == "--audit-pg").and_then(|i| args.get(i + 1)).cloned();
     let traces = args.iter().any(|a| a == "--traces");
+    // The share of requests traced (`telemetry.sample_ratio`), 1.0 unless given.
+    let sample_ratio: f64 =
+        args.iter().position(|a| a == "--sample-ratio").and_then(|i| args.get(i + 1)).map_or(1.0, |r| r.parse().unwrap());
     static EXPORTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let local = listener.local_addr().unwrap();
@@ -234,7 +237,7 @@ async fn main() {
             yaml.push_str(&format!("audit:\n  sinks:\n    - postgres: {{ url: {url:?}, schema: {schema} }}\n"));
         }
         if traces {
-            yaml.push_str(&format!("telemetry:\n  otlp_endpoint: http://{local}\n  sample_ratio: 1.0\n"));
+            yaml.push_str(&format!("telemetry:\n  otlp_endpoint: http://{local}\n  sample_ratio: {sample_ratio:?}\n"));
         }
         Some(start_proxy(&exe, &dir.join("audit.yaml"), &yaml, &direct_base).await)
     } else {

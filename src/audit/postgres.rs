@@ -23,8 +23,8 @@
 //! resources in a GIN-indexed array, which is how the first version stored
 //! them). "Who received X since T" is the sets holding X (GIN), then their
 //! injections since T (`(set_digest, at)`). A set's digest is the SHA-256 of
-//! its JSON (included, then denied), so replicas writing one table agree on
-//! it; each writer remembers which sets it has stored and sends only new ones
+//! its fields (included, then denied; see `Set::digest`), so replicas writing
+//! one table agree on it; each writer remembers which sets it has stored and sends only new ones
 //! (`ON CONFLICT DO NOTHING` covers the others').
 //!
 //! A batch is what arrives within 100 ms of its first record (at most
@@ -184,16 +184,35 @@ impl Target {
 }
 
 /// The resources of one injection as stored once: what was included and what was denied.
-#[derive(serde::Serialize)]
 struct Set<'a> {
     included: &'a [AuditResource],
     denied: &'a [String],
 }
 
 impl Set<'_> {
-    /// Its digest: the hex SHA-256 of its JSON.
+    /// Its digest: the hex SHA-256 of its fields in order, each one
+    /// length-prefixed (so no two sets hash the same bytes). Fed to the hash
+    /// as they are: writing the set as JSON first was, with its escaping,
+    /// the writer's largest cost per record.
     fn digest(&self) -> String {
-        super::record::hex_bytes(&Sha256::digest(json(self).as_bytes()))
+        fn put(h: &mut Sha256, bytes: &[u8]) {
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        }
+        let mut h = Sha256::new();
+        put(&mut h, b"mcp-context audit set v2");
+        put(&mut h, &(self.included.len() as u64).to_le_bytes());
+        for i in self.included {
+            put(&mut h, i.id.as_bytes());
+            put(&mut h, i.sha256.as_bytes());
+            put(&mut h, &(i.tokens as u64).to_le_bytes());
+            put(&mut h, &[u8::from(i.truncated), u8::from(i.passages)]);
+        }
+        put(&mut h, &(self.denied.len() as u64).to_le_bytes());
+        for d in self.denied {
+            put(&mut h, d.as_bytes());
+        }
+        super::record::hex_bytes(&h.finalize())
     }
 }
 

@@ -126,14 +126,21 @@ impl AuditRecord {
                 passages: i.chunks.is_some(),
             })
             .collect();
-        let mut excluded = BTreeMap::new();
+        // Counted by reason first (a handful), named once each: a report
+        // leaves out hundreds of resources, and a name made per exclusion was
+        // most of the record's cost.
+        let mut counts: Vec<(ExcludeReason, usize)> = Vec::new();
         let mut denied = Vec::new();
         for e in report.excluded.iter() {
-            *excluded.entry(e.reason.to_string()).or_insert(0) += 1;
+            match counts.iter_mut().find(|(r, _)| *r == e.reason) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((e.reason, 1)),
+            }
             if denied_ids && e.reason == ExcludeReason::Denied {
                 denied.push(e.id.clone());
             }
         }
+        let excluded = counts.into_iter().map(|(r, n)| (r.to_string(), n)).collect();
         AuditRecord {
             at: now_rfc3339(),
             request_id: origin.request_id,

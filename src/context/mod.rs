@@ -89,7 +89,9 @@ mod request;
 
 use memo::{CompositionMemo, SelectionMemo, WarmMemo};
 pub use message::ContextMessage;
-pub(crate) use message::{MessageDerived, MessageForm};
+pub(crate) use message::MessageDerived;
+#[cfg(feature = "serve")]
+pub(crate) use message::MessageForm;
 use request::Run;
 
 /// What to build the context for: [`ContextRequest::for_user`], then the
