@@ -32,7 +32,7 @@ use crate::gate::{Admitted, Refusal, admit};
 use crate::hub::Hub;
 use crate::id::ResourceId;
 use crate::inject::inject_message;
-use crate::mode::{MessageRole, SelectMode};
+use crate::mode::SelectMode;
 use crate::policy::Policy;
 use crate::report::Report;
 use crate::resource::{Contents, Resource};
