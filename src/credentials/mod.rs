@@ -11,6 +11,17 @@
 //! Layer: sources (beside `hub`). May import the settings (`config::auth`),
 //! ids and the error type; nothing above them.
 
+mod authz;
+mod exchange;
+mod loopback;
+mod oauth;
+
+pub use exchange::{TOKEN_EXCHANGE_GRANT, TokenExchanger};
+pub use loopback::loopback_login;
+pub use oauth::{
+    AuthorizationStart, Connected, OAuthFlows, OAuthServer, PENDING_MAX, PENDING_PER_USER, PENDING_TTL, REFRESH_WINDOW,
+};
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::SystemTime;

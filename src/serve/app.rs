@@ -48,6 +48,17 @@ impl Proxy {
     pub fn router(&self) -> Router {
         router(self.state.clone())
     }
+
+    /// The same proxy answering `/auth/{server}/start` and `/auth/callback`
+    /// with `flows` (the servers users connect with OAuth). Call it before
+    /// [`Proxy::router`].
+    #[must_use]
+    pub fn with_oauth(mut self, flows: Arc<crate::credentials::OAuthFlows>) -> Self {
+        if let Some(state) = Arc::get_mut(&mut self.state) {
+            state.oauth = Some(flows);
+        }
+        self
+    }
 }
 
 /// The upstream (`base` checked) and the store of response owners.
@@ -127,6 +138,7 @@ fn app_state(
         metrics: Metrics::new(config.cache.backend == crate::settings::CacheBackend::Redis),
         policy_path: config.policy.clone(),
         draining: AtomicBool::new(false),
+        oauth: None,
     }))
 }
 

@@ -32,6 +32,7 @@
 
 mod audit;
 mod body;
+mod connect;
 mod created;
 mod error;
 mod identity;
@@ -96,6 +97,9 @@ struct AppState {
     anthropic: Option<messages::Anthropic>,
     /// `serve.jwt`: the verifier of JWT bearers.
     jwt: Option<crate::identity::JwtVerifier>,
+    /// The authorization code flows of `auth: { type: oauth }` servers
+    /// (`/auth/{server}/start`, `/auth/callback`).
+    oauth: Option<Arc<crate::credentials::OAuthFlows>>,
 }
 
 type Shared = Arc<AppState>;
@@ -197,6 +201,8 @@ async fn handle(
                     Route::Health => Ok("ok\n".into_response()),
                     Route::Ready => Ok(status::readyz(&state)),
                     Route::Metrics => Ok(status::metrics(&state)),
+                    Route::AuthStart { server } => connect::start(&state, req, &server).await,
+                    Route::AuthCallback => connect::callback(&state, req).await,
                 }
             }
             .await;
