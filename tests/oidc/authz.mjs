@@ -26,6 +26,11 @@ import http from 'node:http';
 import { generateKeyPair, exportJWK, importJWK, SignJWT, createLocalJWKSet, jwtVerify } from 'jose';
 import Provider, { errors } from 'oidc-provider';
 
+// stdout carries the one line the test reads, and the test closes it after that: oidc-provider's notices
+// (console.log/info) go to stderr, or a later notice would die of EPIPE.
+console.log = console.error;
+console.info = console.error;
+
 const IDENTITY_AUDIENCE = 'urn:mcp-context';
 const EXCHANGE = 'urn:ietf:params:oauth:grant-type:token-exchange';
 const TTL = Number(process.env.AUTHZ_ACCESS_TTL || 600);
@@ -198,5 +203,6 @@ server.listen(0, '127.0.0.1', () => {
   issuer = `http://127.0.0.1:${server.address().port}`;
   provider = makeProvider();
   process.stdout.write(`${JSON.stringify({ issuer })}\n`);
+  process.stdout.on('error', () => {});
 });
 process.on('SIGTERM', () => process.exit(0));
