@@ -208,6 +208,17 @@ pub enum Error {
         /// Whether the user has to authorize again.
         reauthorize: bool,
     },
+    /// The per-user credential store (`credentials:`) cannot be read or
+    /// written, or a record in it does not open with the key (a wrong key,
+    /// or a record moved to another user or server). Never carries a secret.
+    #[error("credential store: {what}")]
+    TokenStore {
+        /// What failed, with what to fix.
+        what: String,
+        /// The underlying failure, when there is one.
+        #[source]
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
 }
 
 /// Why a token was refused ([`Error::Unauthenticated`]).

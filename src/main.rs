@@ -29,6 +29,7 @@ use mcp_context::{Config, ContextRequest, McpContext, Policy, ResourceId};
 use mcp_context::serve;
 
 mod cli_audit;
+mod cli_auth;
 mod cli_log;
 
 use cli_log::{LogFormat, init_tracing, log_subscriber};
@@ -118,6 +119,11 @@ enum Command {
     Audit {
         #[command(subcommand)]
         command: cli_audit::AuditCommand,
+    },
+    /// Per-user credentials of servers with a per-user `auth:` block: set, status, logout.
+    Auth {
+        #[command(subcommand)]
+        command: cli_auth::AuthCommand,
     },
     /// Run the bundled demo MCP server on stdio.
     #[command(hide = true)]
@@ -257,6 +263,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Audit { command } => cli_audit::run(&config, command).await,
+        Command::Auth { command } => cli_auth::run(&config, command).await,
         Command::List { server, json } => {
             let config = only_server(config, server.as_deref())?;
             let verbose = cli.verbose > 0;

@@ -166,6 +166,10 @@ pub async fn run(config: Config, opts: Options) -> crate::Result<()> {
         .map_err(|e| crate::Error::serve(format!("cannot listen on {addr}: {e}")))?;
     let local = listener.local_addr().map_err(crate::Error::serve_io("cannot read the address listened on"))?;
     let ctx = Arc::new(McpContext::from_config(&config).await?);
+    // `needs_authorization` names this proxy's `/auth/{server}/start`.
+    if let Some(c) = ctx.credentials() {
+        c.set_auth_base(Some(format!("http://{local}")));
+    }
     for f in ctx.hub().failures() {
         tracing::warn!(server = %f.server, error = %f.error, "MCP server unavailable; serving without it");
     }

@@ -23,11 +23,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use super::Shared;
 use super::body::{self, JsonObject, raw};
 use super::error::ApiError;
 use super::identity::{self, FromHeaders};
 use super::relay::{Outgoing, Upstream};
-use super::{REPORT_HEADER, Shared, compact_report};
 
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
@@ -278,9 +278,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     };
     state.metrics.upstream(label, relayed.waited.as_secs_f64());
     let mut response = relayed.response;
-    if let Ok(v) = HeaderValue::from_str(&compact_report(&report)) {
-        response.headers_mut().insert(REPORT_HEADER, v);
-    }
+    super::status::report_headers(&mut response, &report);
     Ok(response)
 }
 

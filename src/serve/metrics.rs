@@ -28,6 +28,7 @@ pub(super) struct Metrics {
     connected: Family<Labels, Gauge>,
     policy_reloads: Family<Labels, Counter>,
     auth_failures: Family<Labels, Counter>,
+    upstream_auth: Family<Labels, Counter>,
     shared_up: Gauge,
     shared_hits: Counter,
     shared_derived: Family<Labels, Counter>,
@@ -85,6 +86,13 @@ impl Metrics {
             "Bearer tokens refused (serve.jwt), by reason: expired, bad_signature, wrong_audience, wrong_issuer, \
              unknown_key, algorithm, malformed, missing_claim, not_yet_valid",
             auth_failures.clone(),
+        );
+        let upstream_auth = Family::<Labels, Counter>::default();
+        registry.register(
+            "upstream_auth",
+            "Injections by per-user server and the caller's state with it: connected, needs_authorization, \
+             token_expired, denied_by_server",
+            upstream_auth.clone(),
         );
         let shared_up = Gauge::default();
         let shared_hits = Counter::default();
@@ -149,6 +157,7 @@ impl Metrics {
             connected,
             policy_reloads,
             auth_failures,
+            upstream_auth,
         }
     }
 
@@ -170,6 +179,9 @@ impl Metrics {
         self.injected_tokens.inc_by(report.tokens as u64);
         self.cache_hits.inc_by(report.cache_hits as u64);
         self.cache_misses.inc_by(report.cache_misses as u64);
+        for a in &report.auth {
+            self.upstream_auth.get_or_create(&vec![("server", a.server.clone()), ("state", a.state.clone())]).inc();
+        }
         for e in report.excluded.iter().filter(|e| e.reason == ExcludeReason::Error) {
             let server = e.id.split_once(':').map_or(e.id.as_str(), |(s, _)| s);
             self.read_errors.get_or_create(&vec![("server", server.to_owned())]).inc();

@@ -69,7 +69,6 @@ use self::owners::{Owners, Verdict};
 use self::path::Canonical;
 use self::relay::{Outgoing, Upstream};
 use self::routes::{NoRoute, Route, Stored};
-use self::status::compact_report;
 
 /// The response header carrying the compact report.
 pub const REPORT_HEADER: &str = "x-mcp-context";
@@ -398,9 +397,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         };
         response = created::record(response, stored, user, state.owners.clone()).await;
     }
-    if let Ok(v) = HeaderValue::from_str(&compact_report(&report)) {
-        response.headers_mut().insert(REPORT_HEADER, v);
-    }
+    status::report_headers(&mut response, &report);
     Ok(response)
 }
 
