@@ -43,6 +43,18 @@ pub(crate) enum AuthCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Connect a user to an `oauth` server through the browser: prints the
+    /// URL to open, waits for the redirect to 127.0.0.1 and stores the tokens.
+    Login {
+        /// The server (its `auth.type` must be `oauth`).
+        server: String,
+        /// The user the tokens are for.
+        #[arg(long)]
+        user: String,
+        /// How long to wait for the browser, in seconds.
+        #[arg(long, default_value_t = 300)]
+        wait_s: u64,
+    },
     /// Forget what a user holds for a server.
     Logout {
         /// The server.
@@ -126,6 +138,11 @@ pub(crate) async fn run(config: &Config, command: AuthCommand) -> anyhow::Result
             store.put(&server, &user, &tokens).await?;
             let names: Vec<&str> = tokens.headers.iter().map(|(k, _)| k.as_str()).collect();
             writeln!(out, "stored {} for user `{user}` on server `{server}`", names.join(", "))?;
+        }
+        AuthCommand::Login { server, user, wait_s } => {
+            check_user(&user)?;
+            per_user_server(config, &server)?;
+            return crate::cli_auth_login::run(config, &credentials, &server, &user, wait_s).await;
         }
         AuthCommand::Logout { server, user } => {
             check_user(&user)?;

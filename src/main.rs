@@ -30,6 +30,7 @@ use mcp_context::serve;
 
 mod cli_audit;
 mod cli_auth;
+mod cli_auth_login;
 mod cli_log;
 
 use cli_log::{LogFormat, init_tracing, log_subscriber};

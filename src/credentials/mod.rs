@@ -13,10 +13,12 @@
 
 mod authz;
 mod exchange;
+mod flows;
 mod loopback;
 mod oauth;
 
 pub use exchange::{TOKEN_EXCHANGE_GRANT, TokenExchanger};
+pub use flows::CredentialFlows;
 pub use loopback::loopback_login;
 pub use oauth::{
     AuthorizationStart, Connected, OAuthFlows, OAuthServer, PENDING_MAX, PENDING_PER_USER, PENDING_TTL, REFRESH_WINDOW,

@@ -137,6 +137,11 @@ impl OAuthFlows {
         self.servers.contains_key(server)
     }
 
+    /// The servers' names.
+    pub fn servers(&self) -> impl Iterator<Item = &str> {
+        self.servers.keys().map(String::as_str)
+    }
+
     /// How many authorizations are pending.
     pub fn pending_count(&self) -> usize {
         self.lock_pending().len()

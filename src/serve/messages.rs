@@ -168,6 +168,9 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         // The Messages API has no `user` field: anonymous_user, else 401.
         FromHeaders::Body => identity::from_body(s, None).map_err(for_messages_callers)?,
     };
+    if let Some(f) = &state.flows {
+        f.prepare(&who).await;
+    }
     let user = who.user.clone();
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
     let mut obj = JsonObject::parse(&read.bytes)?;

@@ -99,6 +99,8 @@ struct AppState {
     /// The authorization code flows of `auth: { type: oauth }` servers
     /// (`/auth/{server}/start`, `/auth/callback`).
     oauth: Option<Arc<crate::credentials::OAuthFlows>>,
+    /// The token flows run before a request (refresh, token exchange).
+    flows: Option<Arc<crate::credentials::CredentialFlows>>,
 }
 
 type Shared = Arc<AppState>;
@@ -301,6 +303,9 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         FromHeaders::User(who) => who,
         FromHeaders::Body => identity::from_body(s, Some(&obj))?,
     };
+    if let Some(f) = &state.flows {
+        f.prepare(&who).await;
+    }
     let user = who.user.clone();
     // The turns the question is taken from, parsed once; the rest stays raw.
     let (field, turns) = match kind {

@@ -560,3 +560,154 @@ async fn loopback_login_refresh_and_revocation() {
     assert_eq!(claims(bobs.access_token.expose_secret())["sub"], "bob");
     assert_eq!(flows.refreshes(), 3);
 }
+
+/// A running `mcp-context serve` at debug level (its stderr kept to look for tokens).
+struct Serve {
+    url: String,
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+async fn serve_at_debug(config: &Path, upstream: &str, dir: &Path) -> Serve {
+    let log = dir.join("serve.log");
+    let mut child = tokio::process::Command::new(MCP_CONTEXT)
+        .args(["serve", "--config"])
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0", "--upstream", upstream])
+        .env("MCP_CONTEXT_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await.unwrap().unwrap();
+    let line = line.unwrap_or_else(|| panic!("serve exited: {}", std::fs::read_to_string(&log).unwrap()));
+    let url = line.split("listening on ").nth(1).unwrap().split(',').next().unwrap().to_owned();
+    Serve { url, child, log }
+}
+
+const STORE_KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+/// End to end through the binaries: `serve` connects alice to an `oauth`
+/// server through `/auth/drive/start` (the test playing her browser), and
+/// her next chat completion carries her view of that server (her resources,
+/// as the server decides from her token), while bob's says
+/// `needs_authorization` and carries none of it; then `mcp-context auth
+/// login drive --user bob` connects bob through the loopback redirect, and
+/// his next request carries his own view. The MCP server saw alice's token
+/// only for alice's requests and bob's only for bob's, each for its own
+/// audience; nothing of any token is in serve's debug log or the CLI's.
+#[tokio::test]
+async fn serve_connects_a_user_and_injects_their_view_and_cli_login() {
+    let test = "serve_connects_a_user_and_injects_their_view_and_cli_login";
+    let Some(authz) = Authz::start(test, 600).await else { return };
+    let Some(py) = python_mcp(test) else { return };
+    let drive = Mcp::start(&py, &authz.issuer).await;
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    let yaml = format!(
+        "servers:\n  drive:\n    url: {}\n    auth: {{ type: oauth, client_id: mcp-context, client_secret: mcp-context-secret }}\n\
+         context:\n  max_tokens: 4000\ncredentials:\n  store: file\n  path: {}\n  key: \"{STORE_KEY}\"\n\
+         serve:\n  upstream_api_key: sk-upstream-1\n{}",
+        drive.url,
+        dir.path().join("tokens.json").display(),
+        crate::serve::keys_yaml()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let serve = serve_at_debug(&config, &up.base, dir.path()).await;
+    let chat = |key: &'static str| {
+        http()
+            .post(format!("{}/v1/chat/completions", serve.url))
+            .bearer_auth(key)
+            .json(&crate::serve::chat_body("what are my notes?"))
+            .send()
+    };
+
+    // Before connecting: needs_authorization, pointing at this proxy's start URL.
+    let r = chat("key-alice").await.unwrap();
+    assert_eq!(r.status(), 200);
+    let auth = r.headers()["x-mcp-context-auth"].to_str().unwrap().to_owned();
+    assert!(auth.starts_with("drive=needs_authorization"), "{auth}");
+
+    // Alice connects through serve.
+    let mut browser = Browser::default();
+    let (status, location, body) = browser.get(&format!("{}/auth/drive/start", serve.url), Some("key-alice")).await;
+    assert_eq!(status, 302, "{body}");
+    let back = browser.authorize(&location.unwrap(), "alice", &format!("{}/auth/callback", serve.url)).await;
+    let (status, _, page) = browser.get(&back, None).await;
+    assert_eq!(status, 200, "{page}");
+
+    let r = chat("key-alice").await.unwrap();
+    assert_eq!(r.headers()["x-mcp-context-auth"].to_str().unwrap(), "drive=connected");
+    let r = chat("key-bob").await.unwrap();
+    assert!(r.headers()["x-mcp-context-auth"].to_str().unwrap().starts_with("drive=needs_authorization"));
+    let seen = up.seen();
+    let system = |i: usize| seen[i].body["messages"][0]["content"].as_str().unwrap_or_default().to_owned();
+    let alices = system(seen.len() - 2);
+    assert!(alices.contains("notes of alice.") && !alices.contains("of bob"), "{alices}");
+    assert!(!system(seen.len() - 1).contains("drive://"), "bob got drive's context: {}", system(seen.len() - 1));
+
+    // Bob connects with the CLI's loopback login.
+    let mut login = tokio::process::Command::new(MCP_CONTEXT)
+        .args(["auth", "login", "drive", "--user", "bob", "--wait-s", "60", "--config"])
+        .arg(&config)
+        .env("MCP_CONTEXT_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(login.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), out.next_line()).await.unwrap().unwrap().unwrap();
+    let url = line.strip_prefix("open: ").unwrap().to_owned();
+    let redirect = query_param(&url, "redirect_uri").unwrap();
+    let mut bobs = Browser::default();
+    let back = bobs.authorize(&url, "bob", &redirect).await;
+    let (status, _, page) = bobs.get(&back, None).await;
+    assert_eq!(status, 200, "{page}");
+    let done = login.wait_with_output().await.unwrap();
+    let cli_log = String::from_utf8_lossy(&done.stderr).into_owned();
+    assert!(done.status.success(), "{cli_log}");
+
+    let r = chat("key-bob").await.unwrap();
+    assert_eq!(r.headers()["x-mcp-context-auth"].to_str().unwrap(), "drive=connected");
+    let bobs_context = up.seen().last().unwrap().body["messages"][0]["content"].as_str().unwrap().to_owned();
+    assert!(bobs_context.contains("notes of bob.") && !bobs_context.contains("of alice"), "{bobs_context}");
+
+    // Whose token reached the MCP server: each user's for their own requests, each for this server's audience.
+    let presented = drive.presented();
+    assert!(presented.iter().all(|e| e["ok"] == true && e["aud"] == drive.url.as_str()), "{presented:?}");
+    let subs: std::collections::BTreeSet<&str> = presented.iter().map(|e| e["sub"].as_str().unwrap()).collect();
+    assert_eq!(subs, ["alice", "bob"].into_iter().collect());
+
+    // Nothing of any token in the logs at debug.
+    let store = mcp_context::credentials::FileTokenStore::new(
+        dir.path().join("tokens.json"),
+        mcp_context::credentials::Sealer::new(&mcp_context::settings::SecretKey::parse(STORE_KEY).unwrap()),
+    );
+    let serve_log = std::fs::read_to_string(&serve.log).unwrap();
+    assert!(serve_log.contains("DEBUG") || serve_log.contains("debug"), "the log is at debug");
+    for user in ["alice", "bob"] {
+        let t = store.get("drive", user).await.unwrap().expect("stored");
+        let secrets = [t.access_token.expose_secret().to_owned(), t.refresh_token.unwrap().expose_secret().to_owned()];
+        for s in secrets {
+            let tail = &s[s.len().saturating_sub(20)..];
+            for log in [&serve_log, &cli_log] {
+                assert!(!log.contains(&s) && !log.contains(tail), "a token of {user} in a log");
+            }
+        }
+    }
+    let raw = std::fs::read_to_string(dir.path().join("tokens.json")).unwrap();
+    assert!(!raw.contains("eyJ"), "tokens are sealed at rest");
+}
