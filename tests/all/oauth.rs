@@ -711,3 +711,64 @@ async fn serve_connects_a_user_and_injects_their_view_and_cli_login() {
     let raw = std::fs::read_to_string(dir.path().join("tokens.json")).unwrap();
     assert!(!raw.contains("eyJ"), "tokens are sealed at rest");
 }
+
+/// Token exchange end to end through `serve`: callers present their own
+/// identity tokens (verified by `serve.jwt`); before each injection serve
+/// exchanges them (RFC 8693) at the authorization server for a token for
+/// the MCP server, and each user's view carries their own resources. Two
+/// requests per user cost one exchange per user (the provider's log); the
+/// MCP server only ever saw tokens for its own audience, each user's for
+/// that user (never a caller's identity token); a caller identified by a
+/// key holds no token to exchange and gets `needs_authorization`.
+#[tokio::test]
+async fn token_exchange_through_serve() {
+    let test = "token_exchange_through_serve";
+    let Some(authz) = Authz::start(test, 600).await else { return };
+    let Some(py) = python_mcp(test) else { return };
+    let jira = Mcp::start(&py, &authz.issuer).await;
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    let yaml = format!(
+        "servers:\n  jira:\n    url: {}\n    auth: {{ type: token_exchange, issuer: \"{}\", client_id: gateway, client_secret: gateway-secret, scopes: [mcp] }}\n\
+         context:\n  max_tokens: 4000\ncredentials:\n  store: memory\n\
+         serve:\n  upstream_api_key: sk-upstream-1\n{}  jwt:\n    issuer: \"{}\"\n    audience: [{IDENTITY_AUDIENCE}]\n",
+        jira.url,
+        authz.issuer,
+        crate::serve::keys_yaml(),
+        authz.issuer,
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let serve = serve_at_debug(&config, &up.base, dir.path()).await;
+    let (alice, bob) = (authz.identity_token("alice").await, authz.identity_token("bob").await);
+    let chat = |key: String| {
+        http()
+            .post(format!("{}/v1/chat/completions", serve.url))
+            .bearer_auth(key)
+            .json(&crate::serve::chat_body("what are my notes?"))
+            .send()
+    };
+    for (user, token) in [("alice", &alice), ("bob", &bob), ("alice", &alice), ("bob", &bob)] {
+        let r = chat(token.clone()).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-mcp-context-auth"].to_str().unwrap(), "jira=connected", "{user}");
+        let context = up.seen().last().unwrap().body["messages"][0]["content"].as_str().unwrap_or_default().to_owned();
+        let other = if user == "alice" { "bob" } else { "alice" };
+        assert!(context.contains(&format!("notes of {user}.")) && !context.contains(&format!("of {other}")), "{context}");
+    }
+    let exchange = "urn:ietf:params:oauth:grant-type:token-exchange";
+    assert_eq!(authz.granted(exchange, "alice").await.len(), 1);
+    assert_eq!(authz.granted(exchange, "bob").await.len(), 1);
+    let presented = jira.presented();
+    assert!(presented.iter().all(|e| e["ok"] == true && e["aud"] == jira.url.as_str()), "{presented:?}");
+    let subs: std::collections::BTreeSet<&str> = presented.iter().map(|e| e["sub"].as_str().unwrap()).collect();
+    assert_eq!(subs, ["alice", "bob"].into_iter().collect());
+
+    // A key-identified caller has no token of their own to exchange.
+    let r = chat("key-carol".into()).await.unwrap();
+    assert!(r.headers()["x-mcp-context-auth"].to_str().unwrap().starts_with("jira=needs_authorization"));
+    let log = std::fs::read_to_string(&serve.log).unwrap();
+    for t in [&alice, &bob] {
+        assert!(!log.contains(t.as_str()) && !log.contains(&t[t.len() - 20..]), "a caller's token in the log");
+    }
+}
