@@ -17,7 +17,7 @@ use secrecy::{ExposeSecret, SecretString};
 use url::Url;
 
 use super::TokenSet;
-use crate::cause::{reqwest_cause, redact_url};
+use crate::cause::{redact_url, reqwest_cause};
 use crate::config::ClientAuthMethod;
 use crate::error::{Error, Result};
 
@@ -84,7 +84,11 @@ fn unreachable_at(server: &str, url: &Url, e: &reqwest::Error) -> Error {
 /// The authorization server metadata of `issuer`: RFC 8414
 /// (`/.well-known/oauth-authorization-server`, path-inserted), then OpenID
 /// discovery; its `issuer` must be `issuer` exactly.
-pub(crate) async fn auth_server_metadata(http: &reqwest::Client, server: &str, issuer: &Url) -> Result<AuthServerMetadata> {
+pub(crate) async fn auth_server_metadata(
+    http: &reqwest::Client,
+    server: &str,
+    issuer: &Url,
+) -> Result<AuthServerMetadata> {
     let path = issuer.path().trim_end_matches('/');
     let mut candidates = Vec::new();
     for well_known in ["oauth-authorization-server", "openid-configuration"] {
@@ -120,7 +124,11 @@ pub(crate) async fn auth_server_metadata(http: &reqwest::Client, server: &str, i
 /// The protected resource metadata of the MCP server at `server_url`: the
 /// URL its `401` names (`WWW-Authenticate: Bearer resource_metadata=...`),
 /// else the well-known URL (path-inserted, then at the root).
-pub(crate) async fn resource_metadata(http: &reqwest::Client, server: &str, server_url: &Url) -> Result<ResourceMetadata> {
+pub(crate) async fn resource_metadata(
+    http: &reqwest::Client,
+    server: &str,
+    server_url: &Url,
+) -> Result<ResourceMetadata> {
     let mut candidates = Vec::new();
     // An unauthenticated request: a protected MCP server answers 401 with where its metadata is.
     let probe = http
@@ -158,7 +166,10 @@ pub(crate) async fn resource_metadata(http: &reqwest::Client, server: &str, serv
         let Ok((200, doc)) = get_json(http, server, &url).await else { continue };
         let Some(resource) = doc["resource"].as_str() else { continue };
         let list = |k: &str| -> Vec<String> {
-            doc[k].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default()
+            doc[k]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default()
         };
         return Ok(ResourceMetadata {
             resource: resource.to_owned(),
@@ -274,7 +285,8 @@ mod tests {
 
     #[test]
     fn challenge_params() {
-        let h = r#"Bearer error="invalid_token", resource_metadata="http://h/.well-known/oauth-protected-resource/mcp""#;
+        let h =
+            r#"Bearer error="invalid_token", resource_metadata="http://h/.well-known/oauth-protected-resource/mcp""#;
         assert_eq!(
             challenge_param(h, "resource_metadata").as_deref(),
             Some("http://h/.well-known/oauth-protected-resource/mcp")

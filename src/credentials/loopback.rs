@@ -36,9 +36,9 @@ pub async fn loopback_login(
     wait: Duration,
     open: impl FnOnce(&str),
 ) -> Result<Connected> {
-    let listener = TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .map_err(|e| Error::authorization(server, format!("cannot listen on 127.0.0.1 for the redirect: {e}"), false))?;
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await.map_err(|e| {
+        Error::authorization(server, format!("cannot listen on 127.0.0.1 for the redirect: {e}"), false)
+    })?;
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let redirect = format!("http://127.0.0.1:{port}/callback");
     let started = flows.start(server, user, &redirect).await?;

@@ -162,7 +162,11 @@ impl OAuthFlows {
     pub async fn start(&self, server: &str, user: &str, redirect_uri: &str) -> Result<AuthorizationStart> {
         let found = self.discover(server).await?;
         let Some(endpoint) = found.meta.authorization_endpoint.clone() else {
-            return Err(Error::authorization(server, "its authorization server publishes no authorization_endpoint", false));
+            return Err(Error::authorization(
+                server,
+                "its authorization server publishes no authorization_endpoint",
+                false,
+            ));
         };
         let settings = &self.servers[server].settings;
         let state = random_b64(32);
@@ -180,7 +184,11 @@ impl OAuthFlows {
                 }
             }
             if pending.len() >= PENDING_MAX {
-                return Err(Error::authorization(server, "too many authorizations are pending; try again later", false));
+                return Err(Error::authorization(
+                    server,
+                    "too many authorizations are pending; try again later",
+                    false,
+                ));
             }
             pending.insert(
                 state.clone(),
@@ -231,7 +239,13 @@ impl OAuthFlows {
     /// [`Error::Authorization`] for an unknown, expired or used state,
     /// another user's state, a wrong `iss`, or a refused code; the token
     /// endpoint is not called for the first three.
-    pub async fn finish(&self, state: &str, code: &str, iss: Option<&str>, expect_user: Option<&str>) -> Result<Connected> {
+    pub async fn finish(
+        &self,
+        state: &str,
+        code: &str,
+        iss: Option<&str>,
+        expect_user: Option<&str>,
+    ) -> Result<Connected> {
         let pending = {
             let mut all = self.lock_pending();
             match all.get(state) {
@@ -251,7 +265,11 @@ impl OAuthFlows {
         if let Some(iss) = iss
             && iss.trim_end_matches('/') != found.meta.issuer.trim_end_matches('/')
         {
-            return Err(Error::authorization(&p.server, "the redirect names another issuer (`iss`); start again", false));
+            return Err(Error::authorization(
+                &p.server,
+                "the redirect names another issuer (`iss`); start again",
+                false,
+            ));
         }
         let settings = &self.servers[&p.server].settings;
         let form = [
@@ -261,9 +279,15 @@ impl OAuthFlows {
             ("code_verifier", p.verifier.expose_secret()),
             ("resource", found.resource.as_str()),
         ];
-        let tokens =
-            authz::token_request(&self.http, &p.server, &found.meta.token_endpoint, &client(settings), &form, &found.resource)
-                .await?;
+        let tokens = authz::token_request(
+            &self.http,
+            &p.server,
+            &found.meta.token_endpoint,
+            &client(settings),
+            &form,
+            &found.resource,
+        )
+        .await?;
         self.store.put(&p.server, &p.user, &tokens).await?;
         tracing::info!(server = %p.server, user = %p.user, "user connected");
         Ok(Connected { server: p.server, user: p.user })
@@ -299,8 +323,15 @@ impl OAuthFlows {
             ("resource", held.resource.as_str()),
         ];
         self.refreshes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        match authz::token_request(&self.http, server, &found.meta.token_endpoint, &client(settings), &form, &held.resource)
-            .await
+        match authz::token_request(
+            &self.http,
+            server,
+            &found.meta.token_endpoint,
+            &client(settings),
+            &form,
+            &held.resource,
+        )
+        .await
         {
             Ok(mut fresh) => {
                 if fresh.refresh_token.is_none() {
@@ -353,7 +384,11 @@ impl OAuthFlows {
             None => {
                 let rm = authz::resource_metadata(&self.http, server, &cfg.url).await?;
                 let Some(issuer) = rm.authorization_servers.first().cloned() else {
-                    return Err(Error::authorization(server, "its protected resource metadata names no authorization server", false));
+                    return Err(Error::authorization(
+                        server,
+                        "its protected resource metadata names no authorization server",
+                        false,
+                    ));
                 };
                 (issuer, Some(rm.resource), rm.scopes_supported)
             }

@@ -40,7 +40,12 @@ pub(super) fn redirect_uri(state: &AppState) -> String {
 
 fn flows(state: &AppState) -> Result<&Arc<OAuthFlows>, ApiError> {
     state.oauth.as_ref().ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "unknown_server", "No server here connects with OAuth")
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "unknown_server",
+            "No server here connects with OAuth",
+        )
     })
 }
 
@@ -69,7 +74,8 @@ pub(super) async fn start(state: &AppState, req: Request, server: &str) -> Resul
         tracing::warn!(server, user, error = %e, "cannot start an authorization");
         ApiError::new(StatusCode::BAD_GATEWAY, "server_error", "authorization_unavailable", e.to_string())
     })?;
-    let secure = if state.settings.public_url.as_deref().is_some_and(|u| u.starts_with("https://")) { "; Secure" } else { "" };
+    let secure =
+        if state.settings.public_url.as_deref().is_some_and(|u| u.starts_with("https://")) { "; Secure" } else { "" };
     let cookie = format!(
         "{COOKIE}={}; HttpOnly; SameSite=Lax; Path=/auth/callback; Max-Age={}{secure}",
         started.state,
@@ -84,7 +90,12 @@ pub(super) async fn start(state: &AppState, req: Request, server: &str) -> Resul
 }
 
 fn bad(what: &str) -> ApiError {
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal", format!("{what} is not a valid header"))
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "internal",
+        format!("{what} is not a valid header"),
+    )
 }
 
 /// `GET /auth/callback?code=..&state=..[&iss=..]` (or `?error=..`).
@@ -126,7 +137,10 @@ pub(super) async fn callback(state: &AppState, req: Request) -> Result<Response,
     let Some(code) = param("code") else { return Ok(refuse("the answer has no code")) };
     match flows.finish(st, code, param("iss"), None).await {
         Ok(done) => {
-            let mut r = page(StatusCode::OK, &format!("Connected: {} can now use `{}`. You can close this page.", done.user, done.server));
+            let mut r = page(
+                StatusCode::OK,
+                &format!("Connected: {} can now use `{}`. You can close this page.", done.user, done.server),
+            );
             let clear = format!("{COOKIE}=; HttpOnly; SameSite=Lax; Path=/auth/callback; Max-Age=0");
             r.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&clear).map_err(|_| bad("the cookie"))?);
             Ok(r)

@@ -95,8 +95,14 @@ impl Authz {
 
     /// An identity token for `user` that expired an hour ago, signed by the provider.
     pub async fn expired_token(&self, user: &str) -> String {
-        let v: Value =
-            http().get(format!("{}/__test/expired?sub={user}", self.issuer)).send().await.unwrap().json().await.unwrap();
+        let v: Value = http()
+            .get(format!("{}/__test/expired?sub={user}", self.issuer))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         v["token"].as_str().unwrap().to_owned()
     }
 
@@ -236,7 +242,11 @@ impl Browser {
         for c in r.headers().get_all("set-cookie") {
             let first = c.to_str().unwrap().split(';').next().unwrap();
             if let Some((k, v)) = first.split_once('=') {
-                if v.is_empty() { self.jar.remove(k) } else { self.jar.insert(k.to_owned(), v.to_owned()) };
+                if v.is_empty() {
+                    self.jar.remove(k)
+                } else {
+                    self.jar.insert(k.to_owned(), v.to_owned())
+                };
             }
         }
         let status = r.status().as_u16();
@@ -355,9 +365,10 @@ async fn token_exchange_per_user_at_a_real_authorization_server() {
     assert_eq!(s1.initialize(&b1).await, 200);
     assert_eq!(s2.initialize(a2.access_token.expose_secret()).await, 200);
     let seen1 = s1.presented();
-    assert_eq!(seen1.iter().filter(|e| e["ok"] == true).map(|e| e["sub"].as_str().unwrap()).collect::<Vec<_>>(), [
-        "alice", "bob"
-    ]);
+    assert_eq!(
+        seen1.iter().filter(|e| e["ok"] == true).map(|e| e["sub"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["alice", "bob"]
+    );
     assert!(seen1.iter().chain(s2.presented().iter()).all(|e| e["ok"] == true), "a token reached the wrong server");
     assert!(s2.presented().iter().all(|e| e["aud"] == s2.url.as_str()));
 
@@ -435,7 +446,10 @@ async fn authorization_code_through_serves_endpoints() {
     assert_eq!(held.resource, drive.url);
     assert!(held.refresh_token.is_some());
     let access = held.access_token.expose_secret().to_owned();
-    assert_eq!((claims(&access)["sub"].as_str(), claims(&access)["aud"].as_str()), (Some("alice"), Some(drive.url.as_str())));
+    assert_eq!(
+        (claims(&access)["sub"].as_str(), claims(&access)["aud"].as_str()),
+        (Some("alice"), Some(drive.url.as_str()))
+    );
     assert!(!page.contains(&access));
     assert_eq!(drive.initialize(&access).await, 200);
     assert_eq!(drive.presented().last().unwrap()["sub"], "alice");
@@ -513,7 +527,8 @@ async fn loopback_login_refresh_and_revocation() {
     settings.client_auth = ClientAuthMethod::None;
     settings.authorization_server = Some(url::Url::parse(&authz.issuer).unwrap());
     settings.scopes = vec!["openid".into(), "mcp".into()];
-    let servers = HashMap::from([("drive".to_owned(), OAuthServer { url: url::Url::parse(&drive.url).unwrap(), settings })]);
+    let servers =
+        HashMap::from([("drive".to_owned(), OAuthServer { url: url::Url::parse(&drive.url).unwrap(), settings })]);
     let flows = Arc::new(OAuthFlows::new(servers, store.clone()));
 
     for user in ["alice", "bob"] {
@@ -544,7 +559,10 @@ async fn loopback_login_refresh_and_revocation() {
     // Within the refresh window: refreshed, rotated, stored.
     let fresh = flows.token("drive", "alice").await.unwrap().expect("refreshed");
     assert_ne!(fresh.access_token.expose_secret(), first.access_token.expose_secret());
-    assert_ne!(fresh.refresh_token.as_ref().unwrap().expose_secret(), first.refresh_token.as_ref().unwrap().expose_secret());
+    assert_ne!(
+        fresh.refresh_token.as_ref().unwrap().expose_secret(),
+        first.refresh_token.as_ref().unwrap().expose_secret()
+    );
     assert_eq!(claims(fresh.access_token.expose_secret())["sub"], "alice");
     assert_eq!(authz.granted("refresh_token", "alice").await.len(), 1);
     assert_eq!(drive.initialize(fresh.access_token.expose_secret()).await, 200);
@@ -555,7 +573,10 @@ async fn loopback_login_refresh_and_revocation() {
     assert!(after.is_none(), "{}", authz.log().await);
     assert!(store.get("drive", "alice").await.unwrap().is_none(), "the refused tokens are deleted");
     let state = flows.state("drive", "alice", Some("/auth/drive/start".into())).await;
-    assert_eq!(state, mcp_context::credentials::CredentialState::NeedsAuthorization { url: Some("/auth/drive/start".into()) });
+    assert_eq!(
+        state,
+        mcp_context::credentials::CredentialState::NeedsAuthorization { url: Some("/auth/drive/start".into()) }
+    );
     let bobs = flows.token("drive", "bob").await.unwrap().expect("bob still connected");
     assert_eq!(claims(bobs.access_token.expose_secret())["sub"], "bob");
     assert_eq!(flows.refreshes(), 3);
@@ -754,7 +775,10 @@ async fn token_exchange_through_serve() {
         assert_eq!(r.headers()["x-mcp-context-auth"].to_str().unwrap(), "jira=connected", "{user}");
         let context = up.seen().last().unwrap().body["messages"][0]["content"].as_str().unwrap_or_default().to_owned();
         let other = if user == "alice" { "bob" } else { "alice" };
-        assert!(context.contains(&format!("notes of {user}.")) && !context.contains(&format!("of {other}")), "{context}");
+        assert!(
+            context.contains(&format!("notes of {user}.")) && !context.contains(&format!("of {other}")),
+            "{context}"
+        );
     }
     let exchange = "urn:ietf:params:oauth:grant-type:token-exchange";
     assert_eq!(authz.granted(exchange, "alice").await.len(), 1);
