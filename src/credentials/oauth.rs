@@ -430,3 +430,69 @@ fn random_b64(n: usize) -> String {
     getrandom::fill(&mut buf).expect("the operating system's random source");
     b64(&buf)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::credentials::MemoryTokenStore;
+
+    /// Flows for one server `s` whose discovery is already done (no network).
+    fn flows() -> OAuthFlows {
+        let url = Url::parse("http://127.0.0.1:1/mcp").unwrap();
+        let settings = OAuthSettings {
+            client_id: "c".into(),
+            client_secret: None,
+            client_auth: crate::config::ClientAuthMethod::None,
+            scopes: vec!["mcp".into()],
+            authorization_server: None,
+            resource: None,
+        };
+        let f = OAuthFlows::new(
+            HashMap::from([("s".to_owned(), OAuthServer { url: url.clone(), settings })]),
+            Arc::new(MemoryTokenStore::default()),
+        );
+        let meta = AuthServerMetadata {
+            issuer: "http://127.0.0.1:2".into(),
+            authorization_endpoint: Some(Url::parse("http://127.0.0.1:2/auth").unwrap()),
+            token_endpoint: Url::parse("http://127.0.0.1:2/token").unwrap(),
+        };
+        f.discovered.lock().unwrap().insert("s".into(), Discovered { meta, resource: url.into(), scopes: vec![] });
+        f
+    }
+
+    #[tokio::test]
+    async fn pending_authorizations_are_bounded() {
+        let f = flows();
+        // One user starting again and again keeps at most PENDING_PER_USER.
+        for _ in 0..50 {
+            f.start("s", "alice", "http://127.0.0.1:3/cb").await.unwrap();
+        }
+        assert_eq!(f.pending_count(), PENDING_PER_USER);
+        // Many users: the total stops at PENDING_MAX, further starts are refused (not stored).
+        let mut refused = 0;
+        for i in 0..PENDING_MAX + 10 {
+            if f.start("s", &format!("u{i}"), "http://127.0.0.1:3/cb").await.is_err() {
+                refused += 1;
+            }
+        }
+        assert_eq!(f.pending_count(), PENDING_MAX);
+        assert_eq!(refused, PENDING_PER_USER + 10);
+    }
+
+    #[tokio::test]
+    async fn a_state_is_single_use_and_bound_to_its_user() {
+        let f = flows();
+        let a = f.start("s", "alice", "http://127.0.0.1:3/cb").await.unwrap();
+        assert!(a.url.contains("code_challenge_method=S256") && a.url.contains("resource=http"), "{}", a.url);
+        assert_eq!(a.state.len(), 43, "32 random bytes");
+        // Another user's state is refused and left pending for its owner.
+        assert!(f.finish(&a.state, "code", None, Some("bob")).await.is_err());
+        assert_eq!(f.pending_user(&a.state), Some(("s".into(), "alice".into())));
+        // The wrong issuer: refused before the token endpoint, and the state is used up.
+        let e = f.finish(&a.state, "code", Some("http://evil"), None).await.unwrap_err();
+        assert!(e.to_string().contains("another issuer"), "{e}");
+        assert!(f.pending_user(&a.state).is_none());
+        assert!(f.finish(&a.state, "code", None, None).await.is_err());
+        assert!(f.start("nope", "alice", "http://127.0.0.1:3/cb").await.is_err());
+    }
+}
