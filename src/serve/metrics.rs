@@ -29,6 +29,8 @@ pub(super) struct Metrics {
     policy_reloads: Family<Labels, Counter>,
     auth_failures: Family<Labels, Counter>,
     upstream_auth: Family<Labels, Counter>,
+    /// Token exchanges and refreshes made by the per-user token flows (`kind`: exchange, refresh).
+    token_grants: Family<Labels, Counter>,
     shared_up: Gauge,
     shared_hits: Counter,
     shared_derived: Family<Labels, Counter>,
@@ -94,6 +96,12 @@ impl Metrics {
              token_expired, denied_by_server",
             upstream_auth.clone(),
         );
+        let token_grants = Family::<Labels, Counter>::default();
+        registry.register(
+            "upstream_token_grants",
+            "Tokens obtained for per-user servers by kind: exchange (RFC 8693), refresh",
+            token_grants.clone(),
+        );
         let shared_up = Gauge::default();
         let shared_hits = Counter::default();
         let shared_derived = Family::<Labels, Counter>::default();
@@ -158,6 +166,15 @@ impl Metrics {
             policy_reloads,
             auth_failures,
             upstream_auth,
+            token_grants,
+        }
+    }
+
+    /// Brings the token grant counters up to the flows' totals (read at each scrape).
+    pub(super) fn token_grants(&self, exchanges: u64, refreshes: u64) {
+        for (kind, total) in [("exchange", exchanges), ("refresh", refreshes)] {
+            let c = self.token_grants.get_or_create(&vec![("kind", kind.to_owned())]);
+            c.inc_by(total.saturating_sub(c.get()));
         }
     }
 

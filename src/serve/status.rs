@@ -126,6 +126,9 @@ pub(super) fn readyz(state: &AppState) -> Response {
 }
 
 pub(super) fn metrics(state: &AppState) -> Response {
+    if let Some(f) = &state.flows {
+        state.metrics.token_grants(f.exchanges(), f.oauth().refreshes());
+    }
     let text = state.metrics.render(state.ctx.hub(), state.ctx.shared_cache_status(), &state.ctx.audit_status());
     let mut r = Response::new(Body::from(text));
     r.headers_mut().insert(

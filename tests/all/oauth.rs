@@ -788,6 +788,9 @@ async fn token_exchange_through_serve() {
     let subs: std::collections::BTreeSet<&str> = presented.iter().map(|e| e["sub"].as_str().unwrap()).collect();
     assert_eq!(subs, ["alice", "bob"].into_iter().collect());
 
+    let metrics = http().get(format!("{}/metrics", serve.url)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("mcp_context_upstream_token_grants_total{kind=\"exchange\"} 2"), "{metrics}");
+
     // A key-identified caller has no token of their own to exchange.
     let r = chat("key-carol".into()).await.unwrap();
     assert!(r.headers()["x-mcp-context-auth"].to_str().unwrap().starts_with("jira=needs_authorization"));
