@@ -24,6 +24,7 @@ mod jwt;
 mod latency;
 mod memory;
 mod messages;
+mod per_user;
 mod policy;
 mod protocol;
 mod relevance;
