@@ -15,6 +15,13 @@ use mcp_context::credentials::{Credential, Credentials, TokenSet};
 use mcp_context::settings::{ServerAuth, ServerConfig};
 use secrecy::SecretString;
 
+/// `mcp-context auth ...`.
+#[derive(clap::Args)]
+pub(crate) struct AuthArgs {
+    #[command(subcommand)]
+    pub(crate) command: AuthCommand,
+}
+
 /// What `mcp-context auth` does.
 #[derive(Subcommand)]
 pub(crate) enum AuthCommand {

@@ -122,10 +122,7 @@ enum Command {
         command: cli_audit::AuditCommand,
     },
     /// Per-user credentials of servers with a per-user `auth:` block: set, status, logout.
-    Auth {
-        #[command(subcommand)]
-        command: cli_auth::AuthCommand,
-    },
+    Auth(cli_auth::AuthArgs),
     /// Run the bundled demo MCP server on stdio.
     #[command(hide = true)]
     DemoServer,
@@ -264,7 +261,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Audit { command } => cli_audit::run(&config, command).await,
-        Command::Auth { command } => cli_auth::run(&config, command).await,
+        Command::Auth(args) => cli_auth::run(&config, args.command).await,
         Command::List { server, json } => {
             let config = only_server(config, server.as_deref())?;
             let verbose = cli.verbose > 0;

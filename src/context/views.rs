@@ -52,6 +52,9 @@ struct Slot {
     last: StdMutex<Instant>,
 }
 
+/// The open views by (server, user).
+type Slots = Arc<StdMutex<HashMap<(String, String), Arc<Slot>>>>;
+
 /// The per-user servers and the views open on them.
 pub(crate) struct Views {
     servers: Vec<ServerConfig>,
@@ -59,7 +62,7 @@ pub(crate) struct Views {
     credentials: Arc<Credentials>,
     max_users: usize,
     idle: Duration,
-    slots: Arc<StdMutex<HashMap<(String, String), Arc<Slot>>>>,
+    slots: Slots,
     tick: AtomicU64,
     sweeper: Option<tokio::task::JoinHandle<()>>,
 }
@@ -124,7 +127,7 @@ impl Views {
         template.cache =
             CacheSettings { private_max_bytes: config.cache.private_max_bytes, ..CacheSettings::default() };
         template.audit = Default::default();
-        let slots: Arc<StdMutex<HashMap<(String, String), Arc<Slot>>>> = Arc::default();
+        let slots: Slots = Arc::default();
         let idle = config.credentials.idle_timeout;
         let weak = Arc::downgrade(&slots);
         let every = (idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(30));

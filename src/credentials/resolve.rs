@@ -176,7 +176,8 @@ impl TokenStore for Broken {
 /// Whether a connection or read failure is the server refusing the
 /// credential (HTTP 401 or 403), as the hub words it.
 pub fn looks_denied(cause: &str) -> bool {
-    ["HTTP 401", "HTTP 403", "401 Unauthorized", "403 Forbidden", "Unauthorized", "Forbidden", "auth required"]
+    let cause = cause.to_ascii_lowercase();
+    ["http 401", "http 403", "unauthorized", "forbidden", "auth required", "insufficient_scope"]
         .iter()
         .any(|s| cause.contains(s))
 }

@@ -25,6 +25,7 @@ mod latency;
 mod memory;
 mod messages;
 mod oauth;
+mod per_user;
 mod policy;
 mod protocol;
 mod relevance;
