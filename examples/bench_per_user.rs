@@ -92,8 +92,16 @@ async fn main() {
         }
     }
     println!("users: {users}, views open: {}", ctx.per_user_views());
-    println!("cold injection (view opened: connect, list, read 3): p50 {:.2} ms, p90 {:.2} ms", pct(&mut cold, 0.5), pct(&mut cold, 0.9));
-    println!("warm injection (view open, private cache):            p50 {:.3} ms, p90 {:.3} ms", pct(&mut warm, 0.5), pct(&mut warm, 0.9));
+    println!(
+        "cold injection (view opened: connect, list, read 3): p50 {:.2} ms, p90 {:.2} ms",
+        pct(&mut cold, 0.5),
+        pct(&mut cold, 0.9)
+    );
+    println!(
+        "warm injection (view open, private cache):            p50 {:.3} ms, p90 {:.3} ms",
+        pct(&mut warm, 0.5),
+        pct(&mut warm, 0.9)
+    );
     println!(
         "memory: RSS {:.1} MiB -> {:.1} MiB, {:.0} KiB per user",
         rss0 as f64 / 1048576.0,

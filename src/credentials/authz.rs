@@ -31,6 +31,9 @@ pub(crate) struct AuthServerMetadata {
     pub(crate) issuer: String,
     pub(crate) authorization_endpoint: Option<Url>,
     pub(crate) token_endpoint: Url,
+    /// `authorization_response_iss_parameter_supported` (RFC 9207): the
+    /// redirect must then carry `iss`.
+    pub(crate) iss_in_response: bool,
 }
 
 /// What an MCP server publishes about itself (RFC 9728).
@@ -116,6 +119,7 @@ pub(crate) async fn auth_server_metadata(
             issuer: found.to_owned(),
             authorization_endpoint: endpoint("authorization_endpoint"),
             token_endpoint,
+            iss_in_response: doc["authorization_response_iss_parameter_supported"] == true,
         });
     }
     Err(Error::authorization(server, format!("no authorization server metadata found for issuer {issuer}"), false))

@@ -262,9 +262,13 @@ impl OAuthFlows {
             ));
         };
         let found = self.discover(&p.server).await?;
-        if let Some(iss) = iss
-            && iss.trim_end_matches('/') != found.meta.issuer.trim_end_matches('/')
-        {
+        // RFC 9207: an `iss` must be the issuer's, and is required when the server says it sends one (a
+        // redirect without it may come from another authorization server, a mix-up attack).
+        let iss_ok = match iss {
+            Some(iss) => iss.trim_end_matches('/') == found.meta.issuer.trim_end_matches('/'),
+            None => !found.meta.iss_in_response,
+        };
+        if !iss_ok {
             return Err(Error::authorization(
                 &p.server,
                 "the redirect names another issuer (`iss`); start again",
@@ -455,6 +459,7 @@ mod tests {
             issuer: "http://127.0.0.1:2".into(),
             authorization_endpoint: Some(Url::parse("http://127.0.0.1:2/auth").unwrap()),
             token_endpoint: Url::parse("http://127.0.0.1:2/token").unwrap(),
+            iss_in_response: true,
         };
         f.discovered.lock().unwrap().insert("s".into(), Discovered { meta, resource: url.into(), scopes: vec![] });
         f
@@ -485,6 +490,10 @@ mod tests {
         let a = f.start("s", "alice", "http://127.0.0.1:3/cb").await.unwrap();
         assert!(a.url.contains("code_challenge_method=S256") && a.url.contains("resource=http"), "{}", a.url);
         assert_eq!(a.state.len(), 43, "32 random bytes");
+        // Without `iss` while the server says it sends one: refused, state used up.
+        let b = f.start("s", "alice", "http://127.0.0.1:3/cb").await.unwrap();
+        assert!(f.finish(&b.state, "code", None, None).await.unwrap_err().to_string().contains("another issuer"));
+        assert!(f.pending_user(&b.state).is_none());
         // Another user's state is refused and left pending for its owner.
         assert!(f.finish(&a.state, "code", None, Some("bob")).await.is_err());
         assert_eq!(f.pending_user(&a.state), Some(("s".into(), "alice".into())));
