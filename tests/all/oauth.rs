@@ -799,3 +799,71 @@ async fn token_exchange_through_serve() {
         assert!(!log.contains(t.as_str()) && !log.contains(&t[t.len() - 20..]), "a caller's token in the log");
     }
 }
+
+/// Two `serve` replicas over one Redis (the credential store and the shared
+/// cache): alice connects through the first one's endpoints, and the second
+/// injects her view with the token the first obtained; bob, connected
+/// nowhere, gets `needs_authorization` from both. Redis holds her tokens
+/// sealed (no JWT, no user name in any key).
+#[tokio::test]
+async fn a_second_replica_uses_the_token_the_first_obtained() {
+    let test = "a_second_replica_uses_the_token_the_first_obtained";
+    let url = std::env::var("MCP_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let Ok(mut redis) = redis::Client::open(url.as_str()).and_then(|c| c.get_connection()) else {
+        return skip(test, "no Redis");
+    };
+    let Some(authz) = Authz::start(test, 600).await else { return };
+    let Some(py) = python_mcp(test) else { return };
+    let drive = Mcp::start(&py, &authz.issuer).await;
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("mcp-context-test:{}:", tag());
+    let config = dir.path().join("c.yaml");
+    let yaml = format!(
+        "servers:\n  drive:\n    url: {}\n    auth: {{ type: oauth, client_id: mcp-context, client_secret: mcp-context-secret }}\n\
+         context:\n  max_tokens: 4000\ncredentials:\n  store: redis\n  key: \"{STORE_KEY}\"\n\
+         cache:\n  backend: redis\n  url: {url}\n  key_prefix: \"{prefix}\"\n\
+         serve:\n  upstream_api_key: sk-upstream-1\n{}",
+        drive.url,
+        crate::serve::keys_yaml()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = serve_at_debug(&config, &up.base, d1.path()).await;
+    let second = serve_at_debug(&config, &up.base, d2.path()).await;
+
+    let mut browser = Browser::default();
+    let (_, location, _) = browser.get(&format!("{}/auth/drive/start", first.url), Some("key-alice")).await;
+    let back = browser.authorize(&location.unwrap(), "alice", &format!("{}/auth/callback", first.url)).await;
+    let (status, _, page) = browser.get(&back, None).await;
+    assert_eq!(status, 200, "{page}");
+
+    let chat = |base: &str, key: &str| {
+        http()
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&crate::serve::chat_body("what are my notes?"))
+            .send()
+    };
+    let r = chat(&second.url, "key-alice").await.unwrap();
+    assert_eq!(r.headers()["x-mcp-context-auth"].to_str().unwrap(), "drive=connected");
+    let context = up.seen().last().unwrap().body["messages"][0]["content"].as_str().unwrap_or_default().to_owned();
+    assert!(context.contains("notes of alice."), "{context}");
+    for base in [&first.url, &second.url] {
+        let r = chat(base, "key-bob").await.unwrap();
+        assert!(r.headers()["x-mcp-context-auth"].to_str().unwrap().starts_with("drive=needs_authorization"));
+    }
+    assert_eq!(authz.granted("authorization_code", "alice").await.len(), 1, "one authorization for both replicas");
+    assert!(drive.presented().iter().all(|e| e["ok"] == true && e["sub"] == "alice"));
+
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query(&mut redis).unwrap();
+    assert!(keys.iter().any(|k| k.starts_with(&format!("{prefix}cred:drive:"))), "{keys:?}");
+    for k in &keys {
+        assert!(!k.contains("alice"), "{k}");
+        let dump: Vec<u8> = redis::cmd("DUMP").arg(k).query(&mut redis).unwrap();
+        assert!(!String::from_utf8_lossy(&dump).contains("eyJ"), "a JWT in clear in Redis key {k}");
+    }
+    if !keys.is_empty() {
+        let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&keys).query(&mut redis);
+    }
+}
