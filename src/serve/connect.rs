@@ -32,6 +32,12 @@ use crate::credentials::{OAuthFlows, PENDING_TTL};
 /// The cookie holding the pending `state`.
 const COOKIE: &str = "mcp_context_auth";
 
+/// The path of the redirect URI (the cookie's `Path`): `/auth/callback`
+/// under `serve.public_url`'s own path, if it has one.
+fn callback_path(state: &AppState) -> String {
+    url::Url::parse(&redirect_uri(state)).map_or_else(|_| "/auth/callback".to_owned(), |u| u.path().to_owned())
+}
+
 /// The redirect URI serve registers at authorization servers.
 pub(super) fn redirect_uri(state: &AppState) -> String {
     let base = state.settings.public_url.clone().unwrap_or_else(|| format!("http://{}", state.settings.listen));
@@ -77,8 +83,9 @@ pub(super) async fn start(state: &AppState, req: Request, server: &str) -> Resul
     let secure =
         if state.settings.public_url.as_deref().is_some_and(|u| u.starts_with("https://")) { "; Secure" } else { "" };
     let cookie = format!(
-        "{COOKIE}={}; HttpOnly; SameSite=Lax; Path=/auth/callback; Max-Age={}{secure}",
+        "{COOKIE}={}; HttpOnly; SameSite=Lax; Path={}; Max-Age={}{secure}",
         started.state,
+        callback_path(state),
         PENDING_TTL.as_secs()
     );
     let mut r = StatusCode::FOUND.into_response();
@@ -141,7 +148,7 @@ pub(super) async fn callback(state: &AppState, req: Request) -> Result<Response,
                 StatusCode::OK,
                 &format!("Connected: {} can now use `{}`. You can close this page.", done.user, done.server),
             );
-            let clear = format!("{COOKIE}=; HttpOnly; SameSite=Lax; Path=/auth/callback; Max-Age=0");
+            let clear = format!("{COOKIE}=; HttpOnly; SameSite=Lax; Path={}; Max-Age=0", callback_path(state));
             r.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&clear).map_err(|_| bad("the cookie"))?);
             Ok(r)
         }

@@ -455,6 +455,12 @@ async fn authorization_code_through_serves_endpoints() {
     assert_eq!(drive.presented().last().unwrap()["sub"], "alice");
     assert_eq!(authz.granted("authorization_code", "alice").await.len(), 1);
 
+    // The state cookie: HttpOnly, SameSite=Lax, only sent to the callback.
+    let raw = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let r = raw.get(format!("{url}/auth/drive/start")).header("X-Test-User", "dave").send().await.unwrap();
+    let set = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(set.contains("; HttpOnly; SameSite=Lax; Path=/auth/callback; Max-Age=600"), "{set}");
+
     // The attacker's attempts, none of which may reach the token endpoint.
     let before = authz.token_requests().await;
     let cb = |state: &str| format!("{url}/auth/callback?code=stolen-or-made-up&state={state}");
@@ -502,7 +508,8 @@ async fn authorization_code_through_serves_endpoints() {
     for _ in 0..10 {
         let _ = Browser::default().get(&format!("{url}/auth/drive/start"), Some("key-carol")).await;
     }
-    assert!(flows.pending_count() <= 2 + mcp_context::credentials::PENDING_PER_USER, "{}", flows.pending_count());
+    // Pending: alice's second start, bob's, dave's, and carol's last ones.
+    assert_eq!(flows.pending_count(), 3 + mcp_context::credentials::PENDING_PER_USER);
     server.abort();
     ctx.close().await;
 }
