@@ -89,6 +89,24 @@ impl CredentialFlows {
         self.exchanger.exchanges()
     }
 
+    /// After an injection: for each server that refused `user`'s token
+    /// (`denied_by_server` in the report), an `oauth` token is refreshed
+    /// once and then dropped ([`OAuthFlows::refused`]), an exchanged one
+    /// dropped (exchanged again next time). Failures are logged.
+    pub async fn after_refusals(&self, user: &str, report: &crate::report::Report) {
+        for a in report.auth.iter().filter(|a| a.state == "denied_by_server") {
+            let server = a.server.as_str();
+            if self.oauth.has_server(server) {
+                if let Err(e) = self.oauth.refused(server, user).await {
+                    tracing::warn!(server, user, error = %e, "cannot renew a refused token");
+                }
+            } else if self.exchange.iter().any(|(n, _, _)| n == server) {
+                self.exchanger.forget(server, user);
+                let _ = self.store.delete(server, user).await;
+            }
+        }
+    }
+
     /// Makes `who`'s tokens ready for a request: `oauth` tokens refreshed
     /// when about to expire, `token_exchange` tokens exchanged when the
     /// store holds no fresh one. Failures are logged (never a token) and

@@ -107,6 +107,9 @@ pub struct OAuthFlows {
     /// rotated refresh token is not used twice.
     refreshing: Vec<tokio::sync::Mutex<()>>,
     refreshes: std::sync::atomic::AtomicU64,
+    /// Digests of access tokens obtained by a refresh after the server
+    /// refused the previous one: refused again, the user must authorize.
+    after_refusal: Mutex<std::collections::HashSet<[u8; 32]>>,
 }
 
 impl std::fmt::Debug for OAuthFlows {
@@ -129,6 +132,7 @@ impl OAuthFlows {
             pending: Mutex::default(),
             refreshing: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             refreshes: std::sync::atomic::AtomicU64::new(0),
+            after_refusal: Mutex::default(),
         }
     }
 
@@ -355,6 +359,55 @@ impl OAuthFlows {
                 tracing::warn!(server, user, error = %e, "refresh failed; the current token is used until it expires");
                 Ok(Some(held))
             }
+        }
+    }
+
+    /// The server refused `user`'s token (401/403, `insufficient_scope`):
+    /// it is refreshed once; refused again (or with nothing to refresh
+    /// with), the tokens are deleted and the user must authorize again.
+    /// Never touches another user's tokens.
+    ///
+    /// # Errors
+    /// The token store's.
+    pub async fn refused(&self, server: &str, user: &str) -> Result<()> {
+        if !self.servers.contains_key(server) {
+            return Ok(());
+        }
+        let _one = self.refreshing[stripe(server, user, self.refreshing.len())].lock().await;
+        let Some(held) = self.store.get(server, user).await? else { return Ok(()) };
+        let digest: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(held.access_token.expose_secret()).into();
+        let refreshed_before = self.after_refusal.lock().unwrap_or_else(|e| e.into_inner()).remove(&digest);
+        let Some(refresh) = held.refresh_token.clone().filter(|_| !refreshed_before) else {
+            tracing::info!(server, user, "the server refused the user's token; the user must connect again");
+            return self.store.delete(server, user).await;
+        };
+        let found = self.discover(server).await?;
+        let settings = &self.servers[server].settings;
+        let form = [
+            ("grant_type", "refresh_token"),
+            ("refresh_token", refresh.expose_secret()),
+            ("resource", held.resource.as_str()),
+        ];
+        self.refreshes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token_endpoint = &found.meta.token_endpoint;
+        match authz::token_request(&self.http, server, token_endpoint, &client(settings), &form, &held.resource).await {
+            Ok(mut fresh) => {
+                if fresh.refresh_token.is_none() {
+                    fresh.refresh_token = Some(refresh);
+                }
+                let d: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(fresh.access_token.expose_secret()).into();
+                {
+                    let mut set = self.after_refusal.lock().unwrap_or_else(|e| e.into_inner());
+                    if set.len() >= PENDING_MAX * 8 {
+                        set.clear();
+                    }
+                    set.insert(d);
+                }
+                tracing::debug!(server, user, "token refreshed after the server refused it");
+                self.store.put(server, user, &fresh).await
+            }
+            Err(e) if e.needs_reauthorization() => self.store.delete(server, user).await,
+            Err(e) => Err(e),
         }
     }
 

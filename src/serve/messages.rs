@@ -247,6 +247,9 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         None => obj.set("system", raw(&kept)),
     }
     state.metrics.injection(&report, started.elapsed().as_secs_f64());
+    if let Some(f) = &state.flows {
+        f.after_refusals(&user, &report).await;
+    }
     tracing::info!(report = %serde_json::to_string(&report).unwrap_or_default(), "injected");
     let forwarded = obj.to_vec();
     drop(obj);

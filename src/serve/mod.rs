@@ -366,6 +366,9 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     }
     name_upstream_user(s, &mut obj, &user);
     state.metrics.injection(&report, started.elapsed().as_secs_f64());
+    if let Some(f) = &state.flows {
+        f.after_refusals(&user, &report).await;
+    }
     tracing::info!(report = %serde_json::to_string(&report).unwrap_or_default(), "injected");
     let stores = match kind {
         Kind::Chat => obj.get("store").is_some_and(|v| v.get() == "true"),

@@ -161,6 +161,11 @@ pub struct Mcp {
 
 impl Mcp {
     pub async fn start(py: &Path, issuer: &str) -> Mcp {
+        Self::start_with(py, issuer, None).await
+    }
+
+    /// With `--deny FILE`.
+    pub async fn start_with(py: &Path, issuer: &str, deny: Option<&Path>) -> Mcp {
         let dir = tempfile::tempdir().unwrap();
         let (port_file, record) = (dir.path().join("port"), dir.path().join("record.jsonl"));
         let child = tokio::process::Command::new(py)
@@ -170,6 +175,7 @@ impl Mcp {
             .arg(&record)
             .arg("--port-file")
             .arg(&port_file)
+            .args(deny.map(|d| vec!["--deny".as_ref(), d.as_os_str()]).unwrap_or_default())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
@@ -873,4 +879,61 @@ async fn a_second_replica_uses_the_token_the_first_obtained() {
     if !keys.is_empty() {
         let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&keys).query(&mut redis);
     }
+}
+
+/// The server refuses alice's (valid, unexpired) token: that request says
+/// `denied_by_server` and her token is refreshed once (one refresh grant);
+/// refused again, her tokens are dropped and she is asked to connect again
+/// (`needs_authorization`), never given anyone else's token; once the
+/// server accepts her again and she reconnects, she is `connected`.
+#[tokio::test]
+async fn a_refused_token_is_refreshed_once_then_the_user_reconnects() {
+    let test = "a_refused_token_is_refreshed_once_then_the_user_reconnects";
+    let Some(authz) = Authz::start(test, 600).await else { return };
+    let Some(py) = python_mcp(test) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let deny = dir.path().join("deny");
+    let drive = Mcp::start_with(&py, &authz.issuer, Some(&deny)).await;
+    let up = Upstream::start().await;
+    let config = dir.path().join("c.yaml");
+    let yaml = format!(
+        "servers:\n  drive:\n    url: {}\n    auth: {{ type: oauth, client_id: mcp-context, client_secret: mcp-context-secret }}\n\
+         context:\n  max_tokens: 4000\ncredentials:\n  store: file\n  path: {}\n  key: \"{STORE_KEY}\"\n\
+         serve:\n  upstream_api_key: sk-upstream-1\n{}",
+        drive.url,
+        dir.path().join("tokens.json").display(),
+        crate::serve::keys_yaml()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let serve = serve_at_debug(&config, &up.base, dir.path()).await;
+    let connect = async || {
+        let mut browser = Browser::default();
+        let (_, location, _) = browser.get(&format!("{}/auth/drive/start", serve.url), Some("key-alice")).await;
+        let back = browser.authorize(&location.unwrap(), "alice", &format!("{}/auth/callback", serve.url)).await;
+        assert_eq!(browser.get(&back, None).await.0, 200);
+    };
+    let state = async || {
+        let r = http()
+            .post(format!("{}/v1/chat/completions", serve.url))
+            .bearer_auth("key-alice")
+            .json(&crate::serve::chat_body("what are my notes?"))
+            .send()
+            .await
+            .unwrap();
+        r.headers()["x-mcp-context-auth"].to_str().unwrap().split(';').next().unwrap().to_owned()
+    };
+    connect().await;
+    assert_eq!(state().await, "drive=connected");
+    std::fs::write(&deny, "alice\n").unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(state().await);
+    }
+    assert_eq!(seen.last().unwrap(), "drive=needs_authorization", "{seen:?}");
+    assert!(seen.contains(&"drive=denied_by_server".to_owned()), "{seen:?}");
+    assert_eq!(authz.granted("refresh_token", "alice").await.len(), 1, "refreshed once: {seen:?}");
+    std::fs::write(&deny, "").unwrap();
+    connect().await;
+    assert_eq!(state().await, "drive=connected");
+    assert!(drive.presented().iter().all(|e| e["sub"] == "alice" && e["aud"] == drive.url.as_str()));
 }

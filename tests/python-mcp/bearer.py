@@ -17,7 +17,9 @@ Every token presented is logged to `--record`, one JSON object a line:
 the token itself), so a test can tell whose token reached this server and
 that no token for another audience did.
 
-Usage: bearer.py --jwks URL --issuer URL --record FILE --port-file FILE
+`--deny FILE` lists subjects whose (otherwise valid) tokens are refused.
+
+Usage: bearer.py --jwks URL --issuer URL --record FILE --port-file FILE [--deny FILE]
 """
 
 import argparse
@@ -40,6 +42,9 @@ parser.add_argument("--jwks", required=True)
 parser.add_argument("--issuer", required=True)
 parser.add_argument("--record", required=True)
 parser.add_argument("--port-file", required=True)
+# Subjects whose tokens are refused (one per line, read on every request), as a
+# server that revoked a user's access would.
+parser.add_argument("--deny")
 args = parser.parse_args()
 
 sock = socket.socket()
@@ -67,6 +72,9 @@ class JwtVerifier:
                 aud = None
             record({"ok": False, "why": type(e).__name__, "aud": aud})
             return None
+        if claims["sub"] in denied():
+            record({"ok": False, "why": "denied", "sub": claims["sub"], "aud": claims["aud"]})
+            return None
         record({"ok": True, "sub": claims["sub"], "aud": claims["aud"]})
         return AccessToken(
             token=token,
@@ -76,6 +84,14 @@ class JwtVerifier:
             resource=RESOURCE,
             subject=claims["sub"],
         )
+
+
+def denied() -> list:
+    try:
+        with open(args.deny) as f:
+            return f.read().split()
+    except (OSError, TypeError):
+        return []
 
 
 def subject() -> str:
