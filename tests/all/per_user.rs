@@ -445,3 +445,27 @@ async fn a_key_revoked_while_connected_becomes_denied_by_server() {
     assert!(included(&bob).contains(&"notes:notes://bob/todo".to_owned()));
     ctx.close().await;
 }
+
+/// A view unused for `idle_timeout_ms` is closed (the server sees its
+/// session end); the user's next injection opens a new one.
+#[tokio::test]
+async fn an_idle_view_is_closed_and_reopened_on_demand() {
+    let py = python_or_skip!("an_idle_view_is_closed_and_reopened_on_demand");
+    let dir = tempfile::tempdir().unwrap();
+    let server = AuthServer::start(&py, dir.path(), &[(ALICE_KEY, "alice")]).await;
+    let t = tag();
+    let creds = format!("{}  idle_timeout_ms: 300\n", file_credentials());
+    let (path, config) = write_config(dir.path(), &config_yaml(&server, &t, &creds));
+    auth_set(&path, "alice", &format!("Bearer {ALICE_KEY}"), &[]);
+    let ctx = context(&config).await;
+    let (_, r) = ctx.build(&"alice".into()).await.unwrap();
+    assert_eq!(auth_state(&r, "notes"), "connected");
+    assert_eq!(ctx.per_user_views(), 1);
+    assert!(eventually(async || ctx.per_user_views() == 0).await, "the idle view was not closed");
+    server.take_log();
+    let (_, r) = ctx.build(&"alice".into()).await.unwrap();
+    assert!(included(&r).contains(&"notes:notes://alice/todo".to_owned()));
+    assert_eq!(ctx.per_user_views(), 1);
+    assert!(server.take_log().iter().any(|l| l == "read alice notes://alice/todo"), "read again through a new view");
+    ctx.close().await;
+}
