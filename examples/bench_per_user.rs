@@ -74,6 +74,7 @@ async fn main() {
     let _ = ctx.build(&"nobody".into()).await.unwrap();
     let rss0 = rss_bytes();
     let (mut cold, mut warm) = (Vec::new(), Vec::new());
+    let mut stages = [0.0f64; 3];
     for i in 0..users {
         let user = format!("user{i}");
         let t = Instant::now();
@@ -89,6 +90,9 @@ async fn main() {
             let (_, r) = ctx.build(&user.as_str().into()).await.unwrap();
             warm.push(t.elapsed());
             assert_eq!(r.included.len(), 3);
+            stages[0] += r.timings.select_ms;
+            stages[1] += r.timings.read_ms;
+            stages[2] += r.timings.pack_ms;
         }
     }
     println!("users: {users}, views open: {}", ctx.per_user_views());
@@ -101,6 +105,13 @@ async fn main() {
         "warm injection (view open, private cache):            p50 {:.3} ms, p90 {:.3} ms",
         pct(&mut warm, 0.5),
         pct(&mut warm, 0.9)
+    );
+    let n = warm.len() as f64;
+    println!(
+        "warm stages (mean): select {:.3} ms (credential lookup, view, policy), read {:.3} ms, pack {:.3} ms",
+        stages[0] / n,
+        stages[1] / n,
+        stages[2] / n
     );
     println!(
         "memory: RSS {:.1} MiB -> {:.1} MiB, {:.0} KiB per user",

@@ -43,7 +43,13 @@ pub(crate) struct View {
     fingerprint: [u8; 32],
     /// The server refused the credential on a read.
     denied: AtomicBool,
+    /// When it was opened (a failed connection is retried after [`RETRY_FAILED`]).
+    opened: Instant,
 }
+
+/// A view whose connection failed (not a refusal: the server down, a
+/// timeout) is opened again by the first request this long after.
+const RETRY_FAILED: Duration = Duration::from_secs(5);
 
 struct Slot {
     view: tokio::sync::Mutex<Option<Arc<View>>>,
@@ -212,7 +218,11 @@ impl Views {
                         out.auth.push(state(&name, &CredentialState::DeniedByServer));
                         continue;
                     }
-                    out.failures.extend(view.hub.failures());
+                    let failures = view.hub.failures();
+                    if !failures.is_empty() && view.opened.elapsed() >= RETRY_FAILED {
+                        self.forget(&name, user);
+                    }
+                    out.failures.extend(failures);
                     out.auth.push(state(&name, &CredentialState::Connected));
                     out.views.push((name, view));
                 }
@@ -246,7 +256,7 @@ impl Views {
         let hub = Hub::connect(&cfg).await;
         let cache = ContentCache::new(hub.clone(), &cfg);
         tracing::debug!(server = %server.name, "per-user view opened");
-        let v = Arc::new(View { hub, cache, fingerprint, denied: AtomicBool::new(false) });
+        let v = Arc::new(View { hub, cache, fingerprint, denied: AtomicBool::new(false), opened: Instant::now() });
         *held = Some(v.clone());
         v
     }

@@ -183,7 +183,8 @@ async fn each_user_sees_what_the_server_gives_them_and_the_policy_narrows_it() {
     let (msg, again) = ctx.build(&"alice".into()).await.unwrap();
     assert_eq!(included(&again), included(&alice));
     assert!(!msg.unwrap().content.contains("bob's own"));
-    assert!(server.take_log().iter().all(|l| !l.contains("bob")));
+    let log = server.take_log();
+    assert!(log.iter().all(|l| !l.contains("bob") && !l.starts_with("read ")), "{log:?}");
     ctx.close().await;
 }
 
@@ -412,4 +413,59 @@ async fn no_secret_in_debug_logs_or_the_report() {
         .unwrap();
     let s = String::from_utf8_lossy(&status.stdout);
     assert!(s.contains("notes\tper_user_headers\tstored\tAuthorization") && !s.contains(ALICE_KEY), "{s}");
+}
+
+/// A key revoked while its view is open: the read it makes is refused
+/// (401), and from then on that user is `denied_by_server`; the others go on.
+#[tokio::test]
+async fn a_key_revoked_while_connected_becomes_denied_by_server() {
+    let py = python_or_skip!("a_key_revoked_while_connected_becomes_denied_by_server");
+    let dir = tempfile::tempdir().unwrap();
+    let server = AuthServer::start(&py, dir.path(), &[(ALICE_KEY, "alice"), (BOB_KEY, "bob")]).await;
+    let t = tag();
+    // No content cache for `notes`: every injection reads.
+    let yaml = config_yaml(&server, &t, &file_credentials())
+        .replace("headers: [Authorization] }\n", "headers: [Authorization] }\n    cache: false\n");
+    let (path, config) = write_config(dir.path(), &yaml);
+    auth_set(&path, "alice", &format!("Bearer {ALICE_KEY}"), &[]);
+    auth_set(&path, "bob", &format!("Bearer {BOB_KEY}"), &[]);
+    let ctx = context(&config).await;
+    for u in ["alice", "bob"] {
+        let (_, r) = ctx.build(&u.into()).await.unwrap();
+        assert_eq!(auth_state(&r, "notes"), "connected", "{u}");
+    }
+    AuthServer::write_keys(&server.keys, &[(BOB_KEY, "bob")]);
+    let (_, first) = ctx.build(&"alice".into()).await.unwrap();
+    assert!(!included(&first).iter().any(|i| i.starts_with("notes:")), "{first:#?}");
+    let (_, alice) = ctx.build(&"alice".into()).await.unwrap();
+    assert_eq!(auth_state(&alice, "notes"), "denied_by_server", "{alice:#?}");
+    assert_eq!(included(&alice), ["demo:demo://public/faq"]);
+    let (_, bob) = ctx.build(&"bob".into()).await.unwrap();
+    assert_eq!(auth_state(&bob, "notes"), "connected");
+    assert!(included(&bob).contains(&"notes:notes://bob/todo".to_owned()));
+    ctx.close().await;
+}
+
+/// A view unused for `idle_timeout_ms` is closed (the server sees its
+/// session end); the user's next injection opens a new one.
+#[tokio::test]
+async fn an_idle_view_is_closed_and_reopened_on_demand() {
+    let py = python_or_skip!("an_idle_view_is_closed_and_reopened_on_demand");
+    let dir = tempfile::tempdir().unwrap();
+    let server = AuthServer::start(&py, dir.path(), &[(ALICE_KEY, "alice")]).await;
+    let t = tag();
+    let creds = format!("{}  idle_timeout_ms: 300\n", file_credentials());
+    let (path, config) = write_config(dir.path(), &config_yaml(&server, &t, &creds));
+    auth_set(&path, "alice", &format!("Bearer {ALICE_KEY}"), &[]);
+    let ctx = context(&config).await;
+    let (_, r) = ctx.build(&"alice".into()).await.unwrap();
+    assert_eq!(auth_state(&r, "notes"), "connected");
+    assert_eq!(ctx.per_user_views(), 1);
+    assert!(eventually(async || ctx.per_user_views() == 0).await, "the idle view was not closed");
+    server.take_log();
+    let (_, r) = ctx.build(&"alice".into()).await.unwrap();
+    assert!(included(&r).contains(&"notes:notes://alice/todo".to_owned()));
+    assert_eq!(ctx.per_user_views(), 1);
+    assert!(server.take_log().iter().any(|l| l == "read alice notes://alice/todo"), "read again through a new view");
+    ctx.close().await;
 }

@@ -9,7 +9,7 @@ credential tests in tests/all/per_user.rs.
 `Authorization: Bearer <key>` gets 401 from the SDK. Each subject sees its
 own notes (`notes://<subject>/todo`, `notes://<subject>/plan`) and one
 shared (`notes://shared/handbook`); reading another subject's note is
-"not found". `--log FILE` gets one line per HTTP request: `auth <subject>`
+"not found"; reads say `ttlMs` 60 s, `cacheScope: private`. `--log FILE` gets one line per HTTP request: `auth <subject>`
 (or `auth -` for a refused key), and one per read: `read <subject> <uri>`.
 Streamable HTTP on 127.0.0.1, a free port written to `--port-file`.
 """
@@ -86,7 +86,12 @@ async def read_resource(ctx, params):
     else:
         modern = str(getattr(ctx, "protocol_version", "")) >= "2026-07-28"
         raise MCPError(code=-32602 if modern else -32002, message=f"no such resource {uri}", data={"uri": uri})
-    return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type="text/plain", text=text)])
+    # A minute, private to the caller (the hints a per-user server would give).
+    return types.ReadResourceResult(
+        contents=[types.TextResourceContents(uri=uri, mime_type="text/plain", text=text)],
+        ttl_ms=60_000,
+        cache_scope="private",
+    )
 
 
 server = Server(
