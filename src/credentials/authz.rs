@@ -252,8 +252,16 @@ pub(crate) async fn token_request(
     let doc: serde_json::Value = serde_json::from_slice(&raw).unwrap_or(serde_json::Value::Null);
     if status != 200 {
         let code = doc["error"].as_str().unwrap_or("no error code");
-        // The description is the server's text, not a token; still cut short.
-        let desc = doc["error_description"].as_str().map(|d| format!(": {}", crate::cause::one_line(d, 200)));
+        // The description is the server's text, cut short. A server that echoes what it was sent (a code, a refresh or subject token) does not get it into
+        // our messages and logs.
+        let desc = doc["error_description"].as_str().map(|d| {
+            let mut d = d.to_owned();
+            let secret = client.client_secret.map(|s| s.expose_secret());
+            for v in form.iter().map(|(_, v)| *v).chain(secret).filter(|v| v.len() >= 8) {
+                d = d.replace(v, "…");
+            }
+            format!(": {}", crate::cause::one_line(&d, 200))
+        });
         return Err(Error::authorization(
             server,
             format!(
