@@ -193,6 +193,32 @@ pub enum Error {
         #[source]
         source: Option<Arc<dyn std::error::Error + Send + Sync>>,
     },
+    /// A user's credential for an upstream server could not be obtained or
+    /// renewed (token exchange, an authorization code, a refresh). No token
+    /// is ever part of it. When `reauthorize` is true the user must connect
+    /// again (`/auth/{server}/start`, `mcp-context auth login`): the grant
+    /// was refused, expired or revoked; otherwise it is a configuration or
+    /// network problem.
+    #[error("server `{server}`: {what}")]
+    Authorization {
+        /// The server name.
+        server: String,
+        /// What failed, with what to do.
+        what: String,
+        /// Whether the user has to authorize again.
+        reauthorize: bool,
+    },
+    /// The per-user credential store (`credentials:`) cannot be read or
+    /// written, or a record in it does not open with the key (a wrong key,
+    /// or a record moved to another user or server). Never carries a secret.
+    #[error("credential store: {what}")]
+    TokenStore {
+        /// What failed, with what to fix.
+        what: String,
+        /// The underlying failure, when there is one.
+        #[source]
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
 }
 
 /// Why a token was refused ([`Error::Unauthenticated`]).
@@ -291,6 +317,17 @@ impl Error {
             Error::Unauthenticated { reason, .. } => Some(*reason),
             _ => None,
         }
+    }
+
+    /// An [`Error::Authorization`] for `server`.
+    pub(crate) fn authorization(server: &str, what: impl Into<String>, reauthorize: bool) -> Self {
+        Error::Authorization { server: server.to_owned(), what: what.into(), reauthorize }
+    }
+
+    /// True when the user has to authorize `server` again
+    /// ([`Error::Authorization`] with `reauthorize`).
+    pub fn needs_reauthorization(&self) -> bool {
+        matches!(self, Error::Authorization { reauthorize: true, .. })
     }
 
     /// True for a request timeout.

@@ -94,7 +94,7 @@ pub use mode::{MessageRole, SelectMode};
 pub use policy::Policy;
 pub use report::{
     ChunkReport, ExcludeReason, Excluded, Exclusions, Included, Report, ServerFailure, ServerProtocol,
-    SharedCacheReport, SharedCacheStatus, Timings,
+    SharedCacheReport, SharedCacheStatus, Timings, UpstreamAuth,
 };
 pub use resource::{ContentPart, Contents, Resource};
 pub use tools::ResourceTools;
@@ -109,6 +109,10 @@ pub mod settings {
     pub use crate::config::{
         AuditSettings, AuditSink, DEFAULT_AUDIT_BATCH, DEFAULT_AUDIT_FILE_KEEP, DEFAULT_AUDIT_FILE_MAX_BYTES,
         DEFAULT_AUDIT_QUEUE, DEFAULT_AUDIT_SCHEMA, DEFAULT_AUDIT_TABLE,
+    };
+    pub use crate::config::{
+        CREDENTIALS_KEY_ENV, CredentialSettings, CredentialStoreKind, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_USERS,
+        DEFAULT_TOKENS_FILE, SecretKey,
     };
     pub use crate::config::{
         CacheBackend, CacheSettings, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,

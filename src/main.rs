@@ -29,6 +29,8 @@ use mcp_context::{Config, ContextRequest, McpContext, Policy, ResourceId};
 use mcp_context::serve;
 
 mod cli_audit;
+mod cli_auth;
+mod cli_auth_login;
 mod cli_log;
 
 use cli_log::{LogFormat, init_tracing, log_subscriber};
@@ -119,6 +121,8 @@ enum Command {
         #[command(subcommand)]
         command: cli_audit::AuditCommand,
     },
+    /// Per-user credentials of servers with a per-user `auth:` block: set, status, logout.
+    Auth(cli_auth::AuthArgs),
     /// Run the bundled demo MCP server on stdio.
     #[command(hide = true)]
     DemoServer,
@@ -257,6 +261,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Audit { command } => cli_audit::run(&config, command).await,
+        Command::Auth(args) => cli_auth::run(&config, args.command).await,
         Command::List { server, json } => {
             let config = only_server(config, server.as_deref())?;
             let verbose = cli.verbose > 0;

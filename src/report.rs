@@ -209,6 +209,28 @@ pub struct Timings {
     pub total_ms: f64,
 }
 
+/// One per-user server's state for the user of a request (the report's
+/// `auth` list, `serve`'s `x-mcp-context-auth` header and its metrics).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct UpstreamAuth {
+    /// The server.
+    pub server: String,
+    /// `connected`, `needs_authorization`, `token_expired` or `denied_by_server`.
+    pub state: String,
+    /// For `needs_authorization`: where to connect (serve's
+    /// `/auth/{server}/start`, or the CLI command to run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+impl UpstreamAuth {
+    /// `server`'s state, with where to connect when there is somewhere.
+    pub fn new(server: impl Into<String>, state: impl Into<String>, url: Option<String>) -> Self {
+        UpstreamAuth { server: server.into(), state: state.into(), url }
+    }
+}
+
 /// What one injection did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -251,6 +273,12 @@ pub struct Report {
     /// (their process had ended); their subscriptions were renewed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub restarted_servers: Vec<String>,
+    /// Per-user servers (`auth:` other than static): this user's state with
+    /// each (`connected`, `needs_authorization` with where to connect,
+    /// `token_expired`, `denied_by_server`). A server not connected for
+    /// the user is left out of this injection; the others go on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub auth: Vec<UpstreamAuth>,
     /// Visible resources answered from the content cache without a read.
     pub cache_hits: usize,
     /// Visible resources that had to be read from their server (or, with

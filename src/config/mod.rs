@@ -29,8 +29,10 @@
 
 mod audit;
 mod auth;
+mod auth_block;
 mod cache;
 mod context;
+mod credentials;
 mod env;
 mod host;
 mod jwt;
@@ -53,6 +55,10 @@ pub use self::auth::{ClientAuthMethod, OAuthSettings, PerUserHeadersSettings, Se
 use self::cache::RawCache;
 pub use self::cache::{CacheBackend, CacheSettings, DEFAULT_KEY_PREFIX, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL};
 pub use self::context::{ContextSettings, DEFAULT_WARM_MEMO_MAX_BYTES};
+pub use self::credentials::{
+    CREDENTIALS_KEY_ENV, CredentialSettings, CredentialStoreKind, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_USERS,
+    DEFAULT_TOKENS_FILE, SecretKey,
+};
 use self::env::Expander;
 #[cfg(feature = "jwt")]
 pub use self::jwt::JwtConfig;
@@ -127,6 +133,8 @@ struct RawConfig {
     telemetry: Lenient<Option<telemetry::RawTelemetry>>,
     #[serde(default)]
     audit: Lenient<Option<RawAudit>>,
+    #[serde(default)]
+    credentials: Lenient<Option<credentials::RawCredentials>>,
 }
 
 /// Every problem found in one config file (and the `keys_file` it names).
@@ -206,6 +214,9 @@ pub struct Config {
     pub telemetry: Option<TelemetrySettings>,
     /// The `audit:` section (no records when absent).
     pub audit: AuditSettings,
+    /// The `credentials:` section: where per-user upstream credentials are
+    /// kept and how many per-user connections stay open.
+    pub credentials: CredentialSettings,
 }
 
 impl Config {
@@ -303,9 +314,26 @@ impl Config {
                 })
             }
         };
+        let credentials = match raw.credentials.0.flatten() {
+            None => CredentialSettings::defaults(&base, cache.backend, env),
+            Some(raw) => {
+                credentials::settings(raw, root.get("credentials").unwrap_or(&root), path, &base, cache.backend, env)
+                    .unwrap_or_else(|problems| {
+                        problems.into_iter().for_each(|e| found.push(e));
+                        CredentialSettings::defaults(&base, cache.backend, env)
+                    })
+            }
+        };
+        let per_user = servers.iter().find(|s| s.auth.is_per_user()).map(|s| s.name.as_str());
+        let key_at = root
+            .get("credentials")
+            .or_else(|| per_user.and_then(|n| root.get("servers").and_then(|s| s.get(n)).and_then(|s| s.get("auth"))));
+        if let Err(e) = credentials::require_key(&credentials, per_user, key_at.map(|n| n.pos), path) {
+            found.push(e);
+        }
         found.finish()?;
         let policy = raw.policy.map(|p| base.join(p));
-        Ok(Config { path: path.to_owned(), servers, policy, context, serve, cache, telemetry, audit })
+        Ok(Config { path: path.to_owned(), servers, policy, context, serve, cache, telemetry, audit, credentials })
     }
 
     /// The server of that name.

@@ -50,6 +50,7 @@ pub(super) struct RawServe {
     max_stored_records: Option<usize>,
     anthropic: Option<RawAnthropic>,
     jwt: Option<super::jwt::RawJwt>,
+    public_url: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -216,6 +217,10 @@ pub struct ServeSettings {
     /// issuer's keys; `None`: a JWT bearer is treated like any other key.
     #[cfg(feature = "jwt")]
     pub jwt: Option<super::jwt::JwtConfig>,
+    /// `serve.public_url`: the proxy's base URL as browsers reach it, for the
+    /// redirect URI of `auth: { type: oauth }` servers
+    /// (`{public_url}/auth/callback`); `None`: `http://{listen}`.
+    pub public_url: Option<String>,
 }
 
 /// `serve.anthropic`: where `POST /v1/messages` goes, with which key, and
@@ -250,6 +255,7 @@ impl Default for ServeSettings {
             max_concurrent_upstream: 512,
             passthrough: PassthroughRule::defaults(),
             allowed_hosts: None,
+            public_url: None,
             upstream_user: UpstreamUser::Identified,
             pseudonym_key: None,
             readyz_details: false,
@@ -460,6 +466,11 @@ pub(super) fn settings(
                 .into(),
         ));
     }
+    if let Some(u) = &raw.public_url
+        && url::Url::parse(u).map_or(true, |p| !matches!(p.scheme(), "http" | "https") || p.query().is_some())
+    {
+        fail(err("public_url", format!("serve.public_url: `{u}` is not an http:// or https:// URL without a query")));
+    }
     if let Some(hosts) = &raw.allowed_hosts
         && let Some(bad) = hosts.iter().find(|h| h.is_empty() || h.contains(['/', ' ', '@']))
     {
@@ -518,6 +529,7 @@ pub(super) fn settings(
         ) as usize,
         passthrough,
         allowed_hosts: raw.allowed_hosts,
+        public_url: raw.public_url.map(|u| u.trim_end_matches('/').to_owned()),
         upstream_user,
         pseudonym_key: pseudonym_key.map(SecretString::from),
         readyz_details: raw.readyz_details,

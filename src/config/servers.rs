@@ -49,6 +49,7 @@ pub(super) struct RawServer {
     #[serde(default)]
     serve_stale: bool,
     protocol: Option<String>,
+    auth: Option<super::auth_block::RawAuth>,
 }
 
 impl Named for RawServer {
@@ -177,6 +178,8 @@ pub struct ServerConfig {
     pub serve_stale: bool,
     /// The MCP revision to speak (`auto` by default).
     pub protocol: Protocol,
+    /// How requests are authorised (`auth:`; `Static`, the `headers`, by default).
+    pub auth: super::auth::ServerAuth,
     /// Values expanded from `${VAR}` for this server; never shown.
     pub(crate) secrets: Secrets,
     /// Why this server cannot be started though its entry is valid (a
@@ -398,6 +401,20 @@ pub(super) fn server(
             Protocol::Auto
         }),
     };
+    let auth = match &s.auth {
+        None => super::auth::ServerAuth::Static,
+        Some(raw) => super::auth_block::auth(
+            &super::auth_block::AuthCx {
+                server: &name,
+                node: server_node.and_then(|n| n.get("auth")),
+                at: (at, at_col),
+                url: s.url.is_some(),
+                fail: &fail,
+                expand: &|v: &str| expand(v, &name),
+            },
+            raw,
+        ),
+    };
     let errors = errors.into_inner();
     let Some(transport) = transport.filter(|_| errors.is_empty()) else {
         return Err(errors);
@@ -415,6 +432,7 @@ pub(super) fn server(
         cache_ttl: Duration::from_millis(s.cache_ttl_ms.unwrap_or(DEFAULT_CACHE_TTL_MS)),
         serve_stale: s.serve_stale,
         protocol,
+        auth,
         unsupported: None,
     }))
 }

@@ -531,3 +531,157 @@ mod audit {
         assert!(e.to_string().contains(":3:"), "{e}");
     }
 }
+
+/// The `auth:` block of `url:` servers and the `credentials:` section (issue 35).
+mod auth_block {
+    use std::path::Path;
+
+    use secrecy::ExposeSecret;
+
+    use super::super::*;
+
+    const KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="; // 32 bytes, base64
+
+    fn env(k: &str) -> Option<String> {
+        match k {
+            "GW_SECRET" => Some("gw-s3cr3t-value".into()),
+            "TOKEN_KEY" => Some(KEY.into()),
+            _ => None,
+        }
+    }
+
+    fn load(src: &str) -> Result<Config> {
+        Config::from_yaml_with_env(src, Path::new("/etc/mc/mcp-context.yaml"), &env)
+    }
+
+    fn err(src: &str) -> String {
+        load(src).unwrap_err().to_string()
+    }
+
+    const CRED: &str = "credentials:\n  key: ${TOKEN_KEY}\n";
+
+    #[test]
+    fn every_type_parses_with_its_fields_and_static_is_the_default() {
+        let c = load(&format!(
+            "servers:\n  a:\n    url: http://h/mcp\n  b:\n    url: http://h/mcp\n    auth: {{ type: per_user_headers, headers: [Authorization, X-Api-Key] }}\n  c:\n    url: http://h/mcp\n    auth:\n      type: token_exchange\n      issuer: https://idp.example\n      audience: jira\n      client_id: gw\n      client_secret: ${{GW_SECRET}}\n      scopes: [read]\n  d:\n    url: http://h/mcp\n    auth: {{ type: oauth, client_id: https://app.example/client.json, scopes: [files.read] }}\n  e:\n    url: http://h/mcp\n    auth: {{ type: static }}\n{CRED}"
+        ))
+        .unwrap();
+        assert!(matches!(c.servers[0].auth, ServerAuth::Static));
+        match &c.servers[1].auth {
+            ServerAuth::PerUserHeaders(s) => assert_eq!(s.headers, ["Authorization", "X-Api-Key"]),
+            other => panic!("{other:?}"),
+        }
+        match &c.servers[2].auth {
+            ServerAuth::TokenExchange(s) => {
+                assert_eq!(s.client_secret.as_ref().unwrap().expose_secret(), "gw-s3cr3t-value");
+                assert_eq!(s.client_auth, ClientAuthMethod::Basic);
+                assert_eq!(s.issuer.as_ref().unwrap().as_str(), "https://idp.example/");
+                assert_eq!(s.audience.as_deref(), Some("jira"));
+                assert_eq!(s.subject_token_type, "urn:ietf:params:oauth:token-type:access_token");
+            }
+            other => panic!("{other:?}"),
+        }
+        match &c.servers[3].auth {
+            ServerAuth::OAuth(s) => {
+                assert_eq!(s.client_auth, ClientAuthMethod::None);
+                assert_eq!(s.scopes, ["files.read"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!c.servers[4].auth.is_per_user());
+        // The secret is one of the server's, scrubbed from what is said of it, and never in Debug.
+        assert_eq!(c.servers[2].scrub("x gw-s3cr3t-value y"), "x *** y");
+        assert!(!format!("{c:?}").contains("gw-s3cr3t-value"));
+        assert!(!format!("{c:?}").contains(KEY));
+    }
+
+    #[test]
+    fn problems_point_at_the_value_at_fault() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "servers:\n  a:\n    url: http://h/mcp\n    auth: { type: magic }\n",
+                ":4:19",
+                "unknown auth type `magic`",
+            ),
+            ("servers:\n  a:\n    url: http://h/mcp\n    auth: { type: oauth }\n", ":4:11", "needs `client_id`"),
+            (
+                "servers:\n  a:\n    command: x\n    auth:\n      type: per_user_headers\n      headers: [A]\n",
+                ":5:13",
+                "only applies to `url` servers",
+            ),
+            (
+                "servers:\n  a:\n    url: http://h/mcp\n    auth: { type: token_exchange, client_id: c, token_endpoint: 'ftp://x' }\n",
+                ":4:65",
+                "token_endpoint must be an http",
+            ),
+            (
+                "servers:\n  a:\n    url: http://h/mcp\n    auth: { type: oauth, client_id: c, colour: red }\n",
+                ":4:40",
+                "colour",
+            ),
+            (
+                "servers:\n  a:\n    url: http://h/mcp\n    auth: { type: oauth, client_id: c, headers: [A] }\n",
+                ":4:49",
+                "does not apply",
+            ),
+            (
+                "servers:\n  a:\n    url: http://h/mcp\n    auth: { type: per_user_headers }\n",
+                ":4:11",
+                "needs `headers`",
+            ),
+            (
+                "servers:\n  a:\n    url: http://h/mcp\n    auth: { type: per_user_headers, headers: ['bad name'] }\n",
+                ":4:46",
+                "not a valid HTTP header name",
+            ),
+            (
+                "servers:\n  a:\n    url: http://h/mcp\n    auth: { type: oauth, client_id: c, client_auth: post }\n",
+                ":4:53",
+                "needs `client_secret`",
+            ),
+            (
+                "servers:\n  a:\n    url: http://h/mcp\n    auth: { type: token_exchange, client_id: c }\n",
+                ":4:19",
+                "token_endpoint` or `issuer`",
+            ),
+        ];
+        for (src, at, says) in cases {
+            let src = format!("{src}{CRED}");
+            let e = err(&src);
+            assert!(e.contains(&format!("mcp-context.yaml{at}")) && e.contains(says), "{src}\n=> {e}");
+        }
+    }
+
+    #[test]
+    fn credentials_default_by_cache_backend_and_the_key_is_required_for_per_user_servers() {
+        let c = load("servers: {}\n").unwrap();
+        assert_eq!(c.credentials.store, CredentialStoreKind::File);
+        assert_eq!(c.credentials.path, Path::new("/etc/mc/.mcp-context/tokens.json"));
+        assert_eq!(c.credentials.max_users, DEFAULT_MAX_USERS);
+        assert_eq!(c.credentials.idle_timeout.as_millis() as u64, DEFAULT_IDLE_TIMEOUT_MS);
+        let c = load("cache: { backend: redis }\n").unwrap();
+        assert_eq!(c.credentials.store, CredentialStoreKind::Redis);
+        let per_user = "servers:\n  a:\n    url: http://h/mcp\n    auth: { type: per_user_headers, headers: [A] }\n";
+        let e = err(per_user);
+        assert!(e.contains(":4:11") && e.contains("credentials.key") && e.contains(CREDENTIALS_KEY_ENV), "{e}");
+        load(&format!("{per_user}credentials: {{ store: memory }}\n")).unwrap();
+        let c = load(&format!(
+            "{per_user}credentials:\n  store: file\n  path: tok/t.json\n  key: ${{TOKEN_KEY}}\n  idle_timeout_ms: 5\n  max_users: 3\n"
+        ))
+        .unwrap();
+        assert_eq!(c.credentials.path, Path::new("/etc/mc/tok/t.json"));
+        assert_eq!((c.credentials.max_users, c.credentials.idle_timeout.as_millis()), (3, 5));
+        assert!(format!("{:?}", c.credentials).contains("<redacted>"));
+        let e = err("credentials:\n  key: abc\n");
+        assert!(e.contains(":2:8") && e.contains("32 bytes") || e.contains("base64"), "{e}");
+        let e = err("credentials:\n  store: disk\n");
+        assert!(e.contains(":2:10") && e.contains("memory, file, redis"), "{e}");
+        let e = err("credentials:\n  max_users: 0\n");
+        assert!(e.contains(":2:14"), "{e}");
+        let e = err("credentials:\n  key: ${NOPE}\n");
+        assert!(e.contains("NOPE"), "{e}");
+        // 64 hex digits are a key too.
+        let hex = "ab".repeat(32);
+        load(&format!("credentials:\n  key: {hex}\n")).unwrap();
+    }
+}

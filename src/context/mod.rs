@@ -86,6 +86,7 @@ mod read;
 mod select;
 
 mod request;
+mod views;
 
 use memo::{CompositionMemo, SelectionMemo, WarmMemo};
 pub use message::ContextMessage;
@@ -224,6 +225,9 @@ pub struct McpContext {
     tokenizers: std::sync::Mutex<std::collections::HashMap<String, (Tokenizer, Option<String>)>>,
     /// The audit trail's sinks (`audit:`), if any.
     audit: Option<Auditor>,
+    /// Per-user servers and each user's view of them (`views.rs`); `None`
+    /// when every server is shared.
+    views: Option<views::Views>,
 }
 
 impl McpContext {
@@ -246,13 +250,14 @@ impl McpContext {
         let policy = load_policy(config).await?;
         let up = policy.for_user(user);
         let decide = move |r: &Resource| up.decide(r).allowed && !r.is_user_only();
-        let hub = Hub::connect_reading_ahead(config, decide);
+        let shared = shared_servers(config);
+        let hub = Hub::connect_reading_ahead(&shared, decide);
         Ok(Self::assemble(config, policy, hub).await)
     }
 
     /// Like [`McpContext::from_config`] with a policy given directly.
     pub async fn with_policy(config: &Config, policy: Policy) -> Self {
-        Self::assemble(config, policy, Hub::connect(config)).await
+        Self::assemble(config, policy, Hub::connect(&shared_servers(config))).await
     }
 
     async fn assemble(config: &Config, policy: Policy, hub: impl std::future::Future<Output = Hub>) -> Self {
@@ -263,7 +268,13 @@ impl McpContext {
         });
         let hub = hub.await;
         let _ = warm.await;
-        let cache = ContentCache::new(hub.clone(), config);
+        // Per-user servers are not in the shared hub, nor known to the shared cache.
+        let cache = ContentCache::new(hub.clone(), &shared_servers(config));
+        let views = if config.servers.iter().any(|s| s.auth.is_per_user()) {
+            views::Views::new(config, Arc::new(crate::credentials::Credentials::open_or_broken(config)))
+        } else {
+            None
+        };
         Self {
             hub,
             policy: std::sync::RwLock::new(Arc::new(policy)),
@@ -279,7 +290,26 @@ impl McpContext {
             ),
             tokenizers: std::sync::Mutex::default(),
             audit: Auditor::start(&config.audit),
+            views,
         }
+    }
+
+    /// The per-user credentials (`None` when no server is per user): the
+    /// store `mcp-context auth` and `serve` write to, and where
+    /// `needs_authorization` tells a user to connect.
+    pub fn credentials(&self) -> Option<&Arc<crate::credentials::Credentials>> {
+        self.views.as_ref().map(views::Views::credentials)
+    }
+
+    /// Names of the servers seen per user (`auth:` other than static).
+    pub fn per_user_servers(&self) -> Vec<String> {
+        self.views.as_ref().map(|v| v.server_names().map(str::to_owned).collect()).unwrap_or_default()
+    }
+
+    /// Per-user connections open now, all users together (bounded by
+    /// `credentials.max_users`).
+    pub fn per_user_views(&self) -> usize {
+        self.views.as_ref().map_or(0, views::Views::open)
     }
 
     /// The connections.
@@ -458,7 +488,7 @@ impl McpContext {
             resources = selection.resources.len() as i64,
             cache_hits = tracing::field::Empty
         );
-        let reads = run.read(&selection).instrument(span.clone()).await;
+        let reads = run.read(&prepared, &selection).instrument(span.clone()).await;
         span.record("cache_hits", reads.hits() as i64);
         let t_read = run.elapsed();
         let (composed, derived) =
@@ -536,8 +566,21 @@ impl McpContext {
     /// queued (at most 5 s). Call before the runtime stops.
     pub async fn close(&self) {
         self.flush_audit(std::time::Duration::from_secs(5)).await;
+        if let Some(v) = &self.views {
+            v.close().await;
+        }
         self.hub.close().await;
     }
+}
+
+/// `config` without its per-user servers: what the shared hub and cache see.
+fn shared_servers(config: &Config) -> std::borrow::Cow<'_, Config> {
+    if !config.servers.iter().any(|s| s.auth.is_per_user()) {
+        return std::borrow::Cow::Borrowed(config);
+    }
+    let mut c = config.clone();
+    c.servers.retain(|s| !s.auth.is_per_user());
+    std::borrow::Cow::Owned(c)
 }
 
 /// Models whose tokenizer is remembered; past this the memo starts over.

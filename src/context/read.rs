@@ -19,6 +19,7 @@ pub(super) async fn read_within_deadline(
     within: std::time::Duration,
     selected: &[Arc<Resource>],
     user: &str,
+    own: &super::views::UserViews,
 ) -> (Vec<Result<crate::cache::CachedRead>>, usize, CacheStamp) {
     use futures::StreamExt;
     let hits = cache.hits(selected.iter().map(|r| &r.id), user);
@@ -53,7 +54,12 @@ pub(super) async fn read_within_deadline(
                     tracing::info_span!("mcp.read", server = %id.server, uri = %id.uri, cache = tracing::field::Empty);
                 tracing::Instrument::instrument(
                     async move {
-                        let got = cache.read(id, user).await;
+                        // A per-user server's resource is read through the user's own view
+                        // (its private cache, its connection with the user's credential).
+                        let got = match own.view(&id.server) {
+                            Some(v) => v.cache.read(id, user).await,
+                            None => cache.read(id, user).await,
+                        };
                         let cache = match &got {
                             Ok(c) if c.origin == crate::cache::Origin::Shared => "shared_hit",
                             Ok(_) => "miss",

@@ -48,6 +48,8 @@ pub(super) struct Prepared {
     warnings: Vec<String>,
     failed_servers: Vec<ServerFailure>,
     servers: Vec<ServerProtocol>,
+    /// The user's views of per-user servers (`views.rs`), and their states.
+    views: super::views::UserViews,
 }
 
 /// What [`Run::read`] got.
@@ -81,7 +83,8 @@ impl<'a> Run<'a> {
         let policy = ctx.policy();
         let model = req.model.as_deref().unwrap_or(&ctx.settings.model);
         let query_key = query.as_ref().map(Query::key);
-        let warm_key = req.selection.is_none().then(|| WarmKey {
+        // The warm memo cannot see a per-user view change: off when there are per-user servers.
+        let warm_key = (req.selection.is_none() && ctx.views.is_none()).then(|| WarmKey {
             user: req.user.clone(),
             roles: req.roles.clone(),
             source: req.source,
@@ -116,14 +119,21 @@ impl<'a> Run<'a> {
         let (tok, warning) = ctx.tokenizer(&model).await?;
         let ceiling = self.req.budget.unwrap_or(ctx.settings.max_tokens);
         let budget = up.max_tokens().map_or(ceiling, |b| b.min(ceiling));
+        let views = match &ctx.views {
+            Some(v) => v.for_user(&self.req.user).await,
+            None => super::views::UserViews::default(),
+        };
+        let mut failed_servers = ctx.hub.failures();
+        failed_servers.extend(views.failures.iter().cloned());
         Ok(Prepared {
             up,
             model,
             tok,
             budget,
             warnings: warning.into_iter().collect(),
-            failed_servers: ctx.hub.failures(),
+            failed_servers,
             servers: ctx.hub.protocols(),
+            views,
         })
     }
 
@@ -132,23 +142,28 @@ impl<'a> Run<'a> {
     /// it is remembered until a listing changes.
     pub(super) fn select(&self, p: &Prepared) -> Arc<Selection> {
         let (ctx, up) = (self.ctx, &p.up);
+        // The selection memo is shared by users of one policy entry: not with per-user listings.
+        if ctx.views.is_some() {
+            return Arc::new(select::select(&ctx.hub, up, self.req.selection.as_deref(), &p.views.resources()));
+        }
         match &self.req.selection {
             None => ctx.selections.get_or(up.decision_key(), self.listing_generation, &self.policy, || {
-                select::select(&ctx.hub, up, None)
+                select::select(&ctx.hub, up, None, &[])
             }),
-            Some(wanted) => Arc::new(select::select(&ctx.hub, up, Some(wanted))),
+            Some(wanted) => Arc::new(select::select(&ctx.hub, up, Some(wanted), &[])),
         }
     }
 
     /// Step 2: reads what is visible, concurrently (cache first).
-    pub(super) async fn read(&self, selection: &Selection) -> Reads {
+    pub(super) async fn read(&self, p: &Prepared, selection: &Selection) -> Reads {
         let ctx = self.ctx;
         let selected = &selection.resources;
         let restarts = ctx.hub.restart_mark();
         // Before the lookup: a reconnection after it must void what is built here.
         let connections = Connections::of(&ctx.hub, selected);
         let (reads, hits, stamp) =
-            read::read_within_deadline(&ctx.hub, &ctx.cache, ctx.settings.deadline, selected, &self.req.user).await;
+            read::read_within_deadline(&ctx.hub, &ctx.cache, ctx.settings.deadline, selected, &self.req.user, &p.views)
+                .await;
         let shared_hits = reads.iter().filter(|r| r.as_ref().is_ok_and(|c| c.origin == Origin::Shared)).count();
         let shared = ctx.cache.shared_status();
         let restarted_servers = ctx.hub.restarted_since(restarts);
@@ -165,11 +180,16 @@ impl<'a> Run<'a> {
                     ready.push((i, c.contents));
                     origins.push(c.origin);
                 }
-                Err(e) => errors.push(Excluded {
-                    id: r.id.to_string(),
-                    reason: ExcludeReason::Error,
-                    detail: Some(e.to_string()),
-                }),
+                Err(e) => {
+                    if p.views.view(&r.id.server).is_some() && crate::credentials::looks_denied(&e.to_string()) {
+                        p.views.mark_denied(&r.id.server);
+                    }
+                    errors.push(Excluded {
+                        id: r.id.to_string(),
+                        reason: ExcludeReason::Error,
+                        detail: Some(e.to_string()),
+                    })
+                }
             }
         }
         Reads {
@@ -312,6 +332,7 @@ impl<'a> Run<'a> {
             failed_servers: p.failed_servers,
             servers: p.servers,
             restarted_servers: reads.restarted_servers,
+            auth: p.views.auth.clone(),
             cache_hits: reads.hits,
             cache_misses: reads.misses,
             shared_cache: reads.shared.map(|s| SharedCacheReport {

@@ -47,15 +47,28 @@ pub(super) fn candidates(hub: &Hub, up: &UserPolicy) -> (Vec<Arc<Resource>>, Vec
 }
 
 /// The resources this user may see (or the `wanted` ones of them), in
-/// injection order, and what was left out and why.
-pub(super) fn select(hub: &Hub, up: &UserPolicy, wanted: Option<&[ResourceId]>) -> Selection {
+/// injection order, and what was left out and why. `own` are the listings
+/// of the user's own views of per-user servers (`views.rs`): candidates
+/// like the hub's, under the same policy; a wanted id of theirs must be
+/// listed exactly.
+pub(super) fn select(hub: &Hub, up: &UserPolicy, wanted: Option<&[ResourceId]>, own: &[Arc<Resource>]) -> Selection {
     let (candidates, mut excluded) = match wanted {
-        None => candidates(hub, up),
+        None => {
+            let (mut all, refused) = candidates(hub, up);
+            all.extend(own.iter().cloned());
+            (all, refused)
+        }
         // Requested ids pass the gate: what is admitted is what the
         // policy decides on below and what is read.
         Some(sel) => {
             let (mut chosen, mut excluded) = (Vec::<Arc<Resource>>::new(), Vec::new());
             for id in sel {
+                if let Some(r) = own.iter().find(|r| r.id == *id) {
+                    if !chosen.iter().any(|c| c.id == r.id) {
+                        chosen.push(r.clone());
+                    }
+                    continue;
+                }
                 match admit(hub, up, id) {
                     Ok(a) if chosen.iter().any(|r| r.id == a.resource.id) => {}
                     Ok(a) => chosen.push(a.resource),

@@ -11,6 +11,19 @@
 //! Layer: sources (beside `hub`). May import the settings (`config::auth`),
 //! ids and the error type; nothing above them.
 
+mod authz;
+mod exchange;
+mod flows;
+mod loopback;
+mod oauth;
+
+pub use exchange::{TOKEN_EXCHANGE_GRANT, TokenExchanger};
+pub use flows::CredentialFlows;
+pub use loopback::loopback_login;
+pub use oauth::{
+    AuthorizationStart, Connected, OAuthFlows, OAuthServer, PENDING_MAX, PENDING_PER_USER, PENDING_TTL, REFRESH_WINDOW,
+};
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::SystemTime;
@@ -19,6 +32,29 @@ use futures::future::BoxFuture;
 use secrecy::SecretString;
 
 use crate::error::Result;
+
+// Per-user foundation (helper A): sealing, the file and Redis stores, and
+// the one resolution hook every auth kind goes through (`resolve.rs`).
+mod file;
+#[cfg(feature = "redis")]
+mod redis_store;
+mod resolve;
+mod seal;
+
+pub use file::FileTokenStore;
+#[cfg(feature = "redis")]
+pub use redis_store::RedisTokenStore;
+pub use resolve::{Credential, Credentials, looks_denied};
+pub use seal::Sealer;
+
+/// The key of a user's records in a store: the SHA-256 of the name, in
+/// hex. Whatever a user name holds (`/`, `..`, `:`, case), it never
+/// becomes a path or a key prefix of its own, and two names that differ in
+/// any byte never share a record.
+pub fn user_key(user: &str) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(user.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// What one user holds for one server: an OAuth token set, or stored
 /// header values (`per_user_headers`).
@@ -74,7 +110,8 @@ impl std::fmt::Debug for TokenSet {
 
 /// The state of one user's connection to one per-user server, as the
 /// report, the metrics and `x-mcp-context-auth` say it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum CredentialState {
     /// A usable credential is held.
@@ -91,6 +128,20 @@ pub enum CredentialState {
     DeniedByServer,
 }
 
+impl CredentialState {
+    /// The state as one word: `connected`, `needs_authorization`,
+    /// `token_expired`, `denied_by_server` (the metrics label and the
+    /// `x-mcp-context-auth` value).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CredentialState::Connected => "connected",
+            CredentialState::NeedsAuthorization { .. } => "needs_authorization",
+            CredentialState::TokenExpired => "token_expired",
+            CredentialState::DeniedByServer => "denied_by_server",
+        }
+    }
+}
+
 /// Where tokens are kept, keyed by (server, user). Implementations encrypt
 /// at rest; the in-memory one is for tests and single-process use.
 pub trait TokenStore: Send + Sync {
@@ -100,6 +151,11 @@ pub trait TokenStore: Send + Sync {
     fn put<'a>(&'a self, server: &'a str, user: &'a str, tokens: &'a TokenSet) -> BoxFuture<'a, Result<()>>;
     /// Forget what `user` holds for `server`.
     fn delete<'a>(&'a self, server: &'a str, user: &'a str) -> BoxFuture<'a, Result<()>>;
+    /// How many users hold a record for `server`, when the store can tell
+    /// (`auth status` without `--user`).
+    fn count<'a>(&'a self, _server: &'a str) -> BoxFuture<'a, Result<Option<usize>>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// A token store in this process's memory (tests, one-process use).
@@ -121,5 +177,9 @@ impl TokenStore for MemoryTokenStore {
     fn delete<'a>(&'a self, server: &'a str, user: &'a str) -> BoxFuture<'a, Result<()>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&(server.to_owned(), user.to_owned()));
         Box::pin(async { Ok(()) })
+    }
+    fn count<'a>(&'a self, server: &'a str) -> BoxFuture<'a, Result<Option<usize>>> {
+        let n = self.map.lock().unwrap_or_else(|e| e.into_inner()).keys().filter(|(s, _)| s == server).count();
+        Box::pin(async move { Ok(Some(n)) })
     }
 }

@@ -294,8 +294,9 @@ impl JwtVerifier {
             return Err(refuse(AuthFailure::Malformed, "the token is not a JWS (three base64url parts)"));
         }
         let digest: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()).into();
+        // The memo keeps identities without their tokens; the caller's copy carries it (token exchange).
         if let Some(who) = self.remembered(&digest) {
-            return Ok(who);
+            return Ok(who.with_token(token));
         }
         let (who, exp) = self.verify_signed(token).await?;
         let mut memo = self.inner.verified.lock().unwrap_or_else(|e| e.into_inner());
@@ -303,7 +304,7 @@ impl JwtVerifier {
             memo.clear();
         }
         memo.insert(digest, (who.clone(), exp));
-        Ok(who)
+        Ok(who.with_token(token))
     }
 
     /// A token verified before, while its `exp` (with the leeway) holds.

@@ -84,12 +84,55 @@ pub struct Identity {
     pub roles: Vec<String>,
     /// How the caller was identified.
     pub source: IdentitySource,
+    /// The verified bearer token itself (a [`JwtVerifier`] keeps it), the
+    /// subject token of a token exchange (RFC 8693) for a server with
+    /// `auth: { type: token_exchange }`. Never shown: `Debug` says
+    /// `<redacted>`.
+    pub token: Option<CallerToken>,
 }
+
+/// A caller's own bearer token, held for token exchange; its `Debug` never
+/// shows it.
+#[derive(Clone)]
+pub struct CallerToken(secrecy::SecretString);
+
+impl CallerToken {
+    /// Wraps `token`.
+    pub fn new(token: impl Into<String>) -> Self {
+        CallerToken(secrecy::SecretString::from(token.into()))
+    }
+
+    /// The token, to send to the authorization server (and nowhere else).
+    pub fn expose(&self) -> &str {
+        secrecy::ExposeSecret::expose_secret(&self.0)
+    }
+}
+
+impl std::fmt::Debug for CallerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl PartialEq for CallerToken {
+    fn eq(&self, other: &Self) -> bool {
+        self.expose() == other.expose()
+    }
+}
+
+impl Eq for CallerToken {}
 
 impl Identity {
     /// An identity with no roles of its own.
     pub fn new(user: impl Into<String>, source: IdentitySource) -> Self {
-        Self { user: user.into(), roles: Vec::new(), source }
+        Self { user: user.into(), roles: Vec::new(), source, token: None }
+    }
+
+    /// The same identity holding the bearer token that proved it.
+    #[must_use]
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(CallerToken::new(token));
+        self
     }
 
     /// The same identity with these roles (repeats dropped).

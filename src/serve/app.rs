@@ -48,6 +48,17 @@ impl Proxy {
     pub fn router(&self) -> Router {
         router(self.state.clone())
     }
+
+    /// The same proxy answering `/auth/{server}/start` and `/auth/callback`
+    /// with `flows` (the servers users connect with OAuth). Call it before
+    /// [`Proxy::router`].
+    #[must_use]
+    pub fn with_oauth(mut self, flows: Arc<crate::credentials::OAuthFlows>) -> Self {
+        if let Some(state) = Arc::get_mut(&mut self.state) {
+            state.oauth = Some(flows);
+        }
+        self
+    }
 }
 
 /// The upstream (`base` checked) and the store of response owners.
@@ -114,6 +125,10 @@ fn app_state(
     (upstream, owners): (Upstream, Arc<Owners>),
     hosts: Option<Vec<String>>,
 ) -> crate::Result<Shared> {
+    let flows = ctx
+        .credentials()
+        .and_then(|c| crate::credentials::CredentialFlows::from_config(config, c.store().clone()))
+        .map(Arc::new);
     Ok(Arc::new(AppState {
         jwt: verifier(&ctx, config, &settings)?,
         anthropic: anthropic(&settings)?,
@@ -127,6 +142,8 @@ fn app_state(
         metrics: Metrics::new(config.cache.backend == crate::settings::CacheBackend::Redis),
         policy_path: config.policy.clone(),
         draining: AtomicBool::new(false),
+        oauth: flows.as_ref().map(|f| f.oauth().clone()),
+        flows,
     }))
 }
 
@@ -153,7 +170,13 @@ pub async fn run(config: Config, opts: Options) -> crate::Result<()> {
         .await
         .map_err(|e| crate::Error::serve(format!("cannot listen on {addr}: {e}")))?;
     let local = listener.local_addr().map_err(crate::Error::serve_io("cannot read the address listened on"))?;
+    // The address actually bound (port 0 resolved): the default redirect URI of `oauth` servers names it.
+    settings.listen = local.to_string();
     let ctx = Arc::new(McpContext::from_config(&config).await?);
+    // `needs_authorization` names this proxy's `/auth/{server}/start`.
+    if let Some(c) = ctx.credentials() {
+        c.set_auth_base(Some(config.serve.public_url.clone().unwrap_or_else(|| format!("http://{local}"))));
+    }
     for f in ctx.hub().failures() {
         tracing::warn!(server = %f.server, error = %f.error, "MCP server unavailable; serving without it");
     }

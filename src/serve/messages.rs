@@ -23,11 +23,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use super::Shared;
 use super::body::{self, JsonObject, raw};
 use super::error::ApiError;
 use super::identity::{self, FromHeaders};
 use super::relay::{Outgoing, Upstream};
-use super::{REPORT_HEADER, Shared, compact_report};
 
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
@@ -168,6 +168,9 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         // The Messages API has no `user` field: anonymous_user, else 401.
         FromHeaders::Body => identity::from_body(s, None).map_err(for_messages_callers)?,
     };
+    if let Some(f) = &state.flows {
+        f.prepare(&who).await;
+    }
     let user = who.user.clone();
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
     let mut obj = JsonObject::parse(&read.bytes)?;
@@ -244,6 +247,9 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         None => obj.set("system", raw(&kept)),
     }
     state.metrics.injection(&report, started.elapsed().as_secs_f64());
+    if let Some(f) = &state.flows {
+        f.after_refusals(&user, &report).await;
+    }
     tracing::info!(report = %serde_json::to_string(&report).unwrap_or_default(), "injected");
     let forwarded = obj.to_vec();
     drop(obj);
@@ -278,9 +284,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     };
     state.metrics.upstream(label, relayed.waited.as_secs_f64());
     let mut response = relayed.response;
-    if let Ok(v) = HeaderValue::from_str(&compact_report(&report)) {
-        response.headers_mut().insert(REPORT_HEADER, v);
-    }
+    super::status::report_headers(&mut response, &report);
     Ok(response)
 }
 

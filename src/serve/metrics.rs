@@ -28,6 +28,9 @@ pub(super) struct Metrics {
     connected: Family<Labels, Gauge>,
     policy_reloads: Family<Labels, Counter>,
     auth_failures: Family<Labels, Counter>,
+    upstream_auth: Family<Labels, Counter>,
+    /// Token exchanges and refreshes made by the per-user token flows (`kind`: exchange, refresh).
+    token_grants: Family<Labels, Counter>,
     shared_up: Gauge,
     shared_hits: Counter,
     shared_derived: Family<Labels, Counter>,
@@ -85,6 +88,19 @@ impl Metrics {
             "Bearer tokens refused (serve.jwt), by reason: expired, bad_signature, wrong_audience, wrong_issuer, \
              unknown_key, algorithm, malformed, missing_claim, not_yet_valid",
             auth_failures.clone(),
+        );
+        let upstream_auth = Family::<Labels, Counter>::default();
+        registry.register(
+            "upstream_auth",
+            "Injections by per-user server and the caller's state with it: connected, needs_authorization, \
+             token_expired, denied_by_server",
+            upstream_auth.clone(),
+        );
+        let token_grants = Family::<Labels, Counter>::default();
+        registry.register(
+            "upstream_token_grants",
+            "Tokens obtained for per-user servers by kind: exchange (RFC 8693), refresh",
+            token_grants.clone(),
         );
         let shared_up = Gauge::default();
         let shared_hits = Counter::default();
@@ -149,6 +165,16 @@ impl Metrics {
             connected,
             policy_reloads,
             auth_failures,
+            upstream_auth,
+            token_grants,
+        }
+    }
+
+    /// Brings the token grant counters up to the flows' totals (read at each scrape).
+    pub(super) fn token_grants(&self, exchanges: u64, refreshes: u64) {
+        for (kind, total) in [("exchange", exchanges), ("refresh", refreshes)] {
+            let c = self.token_grants.get_or_create(&vec![("kind", kind.to_owned())]);
+            c.inc_by(total.saturating_sub(c.get()));
         }
     }
 
@@ -170,6 +196,9 @@ impl Metrics {
         self.injected_tokens.inc_by(report.tokens as u64);
         self.cache_hits.inc_by(report.cache_hits as u64);
         self.cache_misses.inc_by(report.cache_misses as u64);
+        for a in &report.auth {
+            self.upstream_auth.get_or_create(&vec![("server", a.server.clone()), ("state", a.state.clone())]).inc();
+        }
         for e in report.excluded.iter().filter(|e| e.reason == ExcludeReason::Error) {
             let server = e.id.split_once(':').map_or(e.id.as_str(), |(s, _)| s);
             self.read_errors.get_or_create(&vec![("server", server.to_owned())]).inc();

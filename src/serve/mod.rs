@@ -32,6 +32,7 @@
 
 mod audit;
 mod body;
+mod connect;
 mod created;
 mod error;
 mod identity;
@@ -68,7 +69,6 @@ use self::owners::{Owners, Verdict};
 use self::path::Canonical;
 use self::relay::{Outgoing, Upstream};
 use self::routes::{NoRoute, Route, Stored};
-use self::status::compact_report;
 
 /// The response header carrying the compact report.
 pub const REPORT_HEADER: &str = "x-mcp-context";
@@ -96,6 +96,11 @@ struct AppState {
     anthropic: Option<messages::Anthropic>,
     /// `serve.jwt`: the verifier of JWT bearers.
     jwt: Option<crate::identity::JwtVerifier>,
+    /// The authorization code flows of `auth: { type: oauth }` servers
+    /// (`/auth/{server}/start`, `/auth/callback`).
+    oauth: Option<Arc<crate::credentials::OAuthFlows>>,
+    /// The token flows run before a request (refresh, token exchange).
+    flows: Option<Arc<crate::credentials::CredentialFlows>>,
 }
 
 type Shared = Arc<AppState>;
@@ -197,6 +202,8 @@ async fn handle(
                     Route::Health => Ok("ok\n".into_response()),
                     Route::Ready => Ok(status::readyz(&state)),
                     Route::Metrics => Ok(status::metrics(&state)),
+                    Route::AuthStart { server } => connect::start(&state, req, &server).await,
+                    Route::AuthCallback => connect::callback(&state, req).await,
                 }
             }
             .await;
@@ -296,6 +303,9 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         FromHeaders::User(who) => who,
         FromHeaders::Body => identity::from_body(s, Some(&obj))?,
     };
+    if let Some(f) = &state.flows {
+        f.prepare(&who).await;
+    }
     let user = who.user.clone();
     // The turns the question is taken from, parsed once; the rest stays raw.
     let (field, turns) = match kind {
@@ -356,6 +366,9 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     }
     name_upstream_user(s, &mut obj, &user);
     state.metrics.injection(&report, started.elapsed().as_secs_f64());
+    if let Some(f) = &state.flows {
+        f.after_refusals(&user, &report).await;
+    }
     tracing::info!(report = %serde_json::to_string(&report).unwrap_or_default(), "injected");
     let stores = match kind {
         Kind::Chat => obj.get("store").is_some_and(|v| v.get() == "true"),
@@ -392,9 +405,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         };
         response = created::record(response, stored, user, state.owners.clone()).await;
     }
-    if let Ok(v) = HeaderValue::from_str(&compact_report(&report)) {
-        response.headers_mut().insert(REPORT_HEADER, v);
-    }
+    status::report_headers(&mut response, &report);
     Ok(response)
 }
 

@@ -57,6 +57,12 @@ pub(super) enum Route {
     Health,
     Ready,
     Metrics,
+    /// `GET /auth/{server}/start`: connect the caller to an OAuth server.
+    AuthStart {
+        server: String,
+    },
+    /// `GET /auth/callback`: the authorization server's redirect back.
+    AuthCallback,
 }
 
 impl Route {
@@ -77,6 +83,8 @@ impl Route {
             Route::Health => "/healthz",
             Route::Ready => "/readyz",
             Route::Metrics => "/metrics",
+            Route::AuthStart { .. } => "/auth/{server}/start",
+            Route::AuthCallback => "/auth/callback",
         }
     }
 }
@@ -108,6 +116,8 @@ pub(super) fn route(method: &Method, path: &Canonical, allow: &[PassthroughRule]
         ("GET", ["healthz"]) => return Ok(Route::Health),
         ("GET", ["readyz"]) => return Ok(Route::Ready),
         ("GET", ["metrics"]) => return Ok(Route::Metrics),
+        ("GET", ["auth", "callback"]) => return Ok(Route::AuthCallback),
+        ("GET", ["auth", server, "start"]) => return Ok(Route::AuthStart { server: (*server).to_owned() }),
         ("POST", ["v1", "chat", "completions"]) => return Ok(Route::Chat),
         ("POST", ["v1", "responses"]) => return Ok(Route::Responses),
         ("POST", ["v1", "conversations"]) => return Ok(Route::CreateConversation),

@@ -40,6 +40,25 @@ pub(super) fn compact_report(r: &Report) -> String {
     )
 }
 
+/// `x-mcp-context-auth`: the caller's state with each per-user server
+/// (`drive=needs_authorization; jira=connected`); absent when no server is
+/// per user. Where to connect is in the report, not here.
+pub(super) const AUTH_HEADER: &str = "x-mcp-context-auth";
+
+/// The report's headers on a relayed answer: `x-mcp-context`, and
+/// `x-mcp-context-auth` when the report has per-user servers.
+pub(super) fn report_headers(response: &mut Response, r: &Report) {
+    if let Ok(v) = HeaderValue::from_str(&compact_report(r)) {
+        response.headers_mut().insert(super::REPORT_HEADER, v);
+    }
+    if !r.auth.is_empty() {
+        let text = r.auth.iter().map(|a| format!("{}={}", a.server, a.state)).collect::<Vec<_>>().join("; ");
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            response.headers_mut().insert(AUTH_HEADER, v);
+        }
+    }
+}
+
 /// Ready once the config and policy are loaded (they are, or the process
 /// would not be listening); MCP servers or the shared cache being down is
 /// `degraded`, still 200. While draining after SIGTERM: 503. Only the status
@@ -107,6 +126,9 @@ pub(super) fn readyz(state: &AppState) -> Response {
 }
 
 pub(super) fn metrics(state: &AppState) -> Response {
+    if let Some(f) = &state.flows {
+        state.metrics.token_grants(f.exchanges(), f.oauth().refreshes());
+    }
     let text = state.metrics.render(state.ctx.hub(), state.ctx.shared_cache_status(), &state.ctx.audit_status());
     let mut r = Response::new(Body::from(text));
     r.headers_mut().insert(

@@ -24,6 +24,8 @@ mod jwt;
 mod latency;
 mod memory;
 mod messages;
+mod oauth;
+mod per_user;
 mod policy;
 mod protocol;
 mod relevance;
