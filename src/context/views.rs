@@ -67,7 +67,6 @@ pub(crate) struct Views {
     template: Config,
     credentials: Arc<Credentials>,
     max_users: usize,
-    idle: Duration,
     slots: Slots,
     tick: AtomicU64,
     sweeper: Option<tokio::task::JoinHandle<()>>,
@@ -163,7 +162,6 @@ impl Views {
             template,
             credentials,
             max_users: config.credentials.max_users,
-            idle,
             slots,
             tick: AtomicU64::new(0),
             sweeper: Some(sweeper),
@@ -288,12 +286,6 @@ impl Views {
         });
         map.insert(key, s.clone());
         s
-    }
-
-    /// How long a view may stay unused.
-    #[allow(dead_code)]
-    pub(crate) fn idle_timeout(&self) -> Duration {
-        self.idle
     }
 }
 

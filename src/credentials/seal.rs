@@ -10,7 +10,7 @@
 //! Layer: sources (credentials). Imports the settings' key, the error type
 //! and the token vocabulary of `credentials`.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
@@ -154,12 +154,6 @@ impl Sealer {
 /// encoding and I/O errors).
 pub(super) fn store_error(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
     Error::TokenStore { what: what.to_owned(), source: Some(std::sync::Arc::new(e)) }
-}
-
-/// Seconds since the epoch of `t` (for tests and status lines).
-#[allow(dead_code)]
-pub(super) fn epoch_secs(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 #[cfg(test)]
