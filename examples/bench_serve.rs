@@ -198,8 +198,11 @@ async fn main() {
     let audit_pg = args.iter().position(|a| a == "--audit-pg").and_then(|i| args.get(i + 1)).cloned();
     let traces = args.iter().any(|a| a == "--traces");
     // The share of requests traced (`telemetry.sample_ratio`), 1.0 unless given.
-    let sample_ratio: f64 =
-        args.iter().position(|a| a == "--sample-ratio").and_then(|i| args.get(i + 1)).map_or(1.0, |r| r.parse().unwrap());
+    let sample_ratio: f64 = args
+        .iter()
+        .position(|a| a == "--sample-ratio")
+        .and_then(|i| args.get(i + 1))
+        .map_or(1.0, |r| r.parse().unwrap());
     static EXPORTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let local = listener.local_addr().unwrap();
