@@ -36,8 +36,9 @@ pub(crate) struct ReadStreamingClient {
 }
 
 impl ReadStreamingClient {
-    pub(crate) fn new(max_text: usize) -> Self {
-        ReadStreamingClient { inner: reqwest::Client::new(), max_text }
+    /// Over `inner` (a clone shares its connection pool).
+    pub(crate) fn with_client(inner: reqwest::Client, max_text: usize) -> Self {
+        ReadStreamingClient { inner, max_text }
     }
 }
 

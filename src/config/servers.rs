@@ -185,6 +185,10 @@ pub struct ServerConfig {
     /// Why this server cannot be started though its entry is valid (a
     /// transport this build lacks): its connection fails with this, alone.
     pub(crate) unsupported: Option<String>,
+    /// The HTTP client a Streamable HTTP connection sends with: `None`, one
+    /// of its own; per-user views of a server share their context's one (one
+    /// connection pool, each view's requests carrying that user's headers).
+    pub(crate) http_client: Option<reqwest::Client>,
 }
 
 /// Secret values (longest first), hidden from `Debug`.
@@ -434,5 +438,6 @@ pub(super) fn server(
         protocol,
         auth,
         unsupported: None,
+        http_client: None,
     }))
 }

@@ -4,11 +4,12 @@
 //! credential for it, a *view* is opened: a hub over that one server whose
 //! every HTTP request carries that user's credential headers, and a content
 //! cache of its own in this process's memory (never the shared Redis
-//! cache, whatever the server's `cacheScope` says). One connection per
-//! (server, user) on both protocol revisions: on 2025-11-25 a session is
-//! per connection anyway, and on 2026-07-28 one client per user keeps the
-//! listing (which the server makes per user) apart with no per-request
-//! switching. Views are bounded: at most `credentials.max_users` at once
+//! cache, whatever the server's `cacheScope` says). One MCP connection per
+//! (server, user) on both protocol revisions (on 2025-11-25 that is the
+//! user's session; on 2026-07-28 it keeps the listing, which the server
+//! makes per user, apart), all sending through **one HTTP client** shared
+//! by every view: one connection pool, each request carrying its own
+//! user's `Authorization` (a view costs its session and listing, not a pool). Views are bounded: at most `credentials.max_users` at once
 //! (the least recently used closed first) and each closed after
 //! `credentials.idle_timeout_ms` unused.
 //!
@@ -65,6 +66,9 @@ type Slots = Arc<StdMutex<HashMap<(String, String), Arc<Slot>>>>;
 pub(crate) struct Views {
     servers: Vec<ServerConfig>,
     template: Config,
+    /// One HTTP client for every view: a view holds its session and its
+    /// user's headers, not a connection pool of its own.
+    http: reqwest::Client,
     credentials: Arc<Credentials>,
     max_users: usize,
     slots: Slots,
@@ -160,6 +164,7 @@ impl Views {
         Some(Views {
             servers,
             template,
+            http: reqwest::Client::new(),
             credentials,
             max_users: config.credentials.max_users,
             slots,
@@ -250,7 +255,7 @@ impl Views {
             tokio::spawn(async move { old.hub.close().await });
         }
         let mut cfg = self.template.clone();
-        cfg.servers = vec![with_headers(server, headers)];
+        cfg.servers = vec![with_headers(server, headers, &self.http)];
         let hub = Hub::connect(&cfg).await;
         let cache = ContentCache::new(hub.clone(), &cfg);
         tracing::debug!(server = %server.name, "per-user view opened");
@@ -310,9 +315,11 @@ fn fingerprint(headers: &[(String, SecretString)]) -> [u8; 32] {
 }
 
 /// `server` with the user's headers on every request (replacing a static
-/// header of the same name), and their values recorded as its secrets.
-fn with_headers(server: &ServerConfig, headers: Vec<(String, SecretString)>) -> ServerConfig {
+/// header of the same name), and their values recorded as its secrets,
+/// sending through the views' shared HTTP client.
+fn with_headers(server: &ServerConfig, headers: Vec<(String, SecretString)>, http: &reqwest::Client) -> ServerConfig {
     let mut s = server.clone();
+    s.http_client = Some(http.clone());
     if let Transport::Http { headers: h, .. } = &mut s.transport {
         for (name, value) in &headers {
             h.retain(|k, _| !k.eq_ignore_ascii_case(name));

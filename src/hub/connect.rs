@@ -306,7 +306,7 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
                 return serve_http(host, transport, cfg, url, false).await;
             }
             let transport = StreamableHttpClientTransport::with_client(
-                crate::http::ReadStreamingClient::new(max_text),
+                crate::http::ReadStreamingClient::with_client(cfg.http_client.clone().unwrap_or_default(), max_text),
                 StreamableHttpClientTransportConfig::with_uri(url.as_str())
                     .custom_headers(map.into_iter().filter_map(|(k, v)| Some((k?, v))).collect())
                     .max_concurrent_requests(http_requests_in_flight(cfg.max_concurrent_reads)),
