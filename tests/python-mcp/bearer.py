@@ -47,7 +47,10 @@ parser.add_argument("--port-file", required=True)
 parser.add_argument("--deny")
 args = parser.parse_args()
 
-sock = socket.socket()
+# IPPROTO_TCP named, so accepted sockets get TCP_NODELAY from asyncio (it sets it only when the
+# protocol is named): without it each response's second segment waits for a delayed ACK (~40 ms)
+# on any reused keep-alive connection.
+sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
 sock.bind(("127.0.0.1", 0))
 sock.listen(64)
 PORT = sock.getsockname()[1]

@@ -186,7 +186,10 @@ async def serve_on_free_port(app, port_file: str) -> None:
 
     import uvicorn
 
-    sock = socket.socket()
+    # IPPROTO_TCP named, so accepted sockets get TCP_NODELAY from asyncio (it sets it only when the
+    # protocol is named): without it each response's second segment waits for a delayed ACK (~40 ms)
+    # on any reused keep-alive connection.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     with open(port_file + ".tmp", "w") as f:
