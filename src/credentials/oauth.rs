@@ -324,27 +324,8 @@ impl OAuthFlows {
             return Ok((!held.expires_within(Duration::ZERO)).then_some(held));
         };
         let found = self.discover(server).await?;
-        let settings = &self.servers[server].settings;
-        let form = [
-            ("grant_type", "refresh_token"),
-            ("refresh_token", refresh.expose_secret()),
-            ("resource", held.resource.as_str()),
-        ];
-        self.refreshes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        match authz::token_request(
-            &self.http,
-            server,
-            &found.meta.token_endpoint,
-            &client(settings),
-            &form,
-            &held.resource,
-        )
-        .await
-        {
-            Ok(mut fresh) => {
-                if fresh.refresh_token.is_none() {
-                    fresh.refresh_token = Some(refresh);
-                }
+        match self.refresh_grant(server, &found, &held, refresh).await {
+            Ok(fresh) => {
                 self.store.put(server, user, &fresh).await?;
                 tracing::debug!(server, user, "token refreshed");
                 Ok(Some(fresh))
@@ -382,19 +363,8 @@ impl OAuthFlows {
             return self.store.delete(server, user).await;
         };
         let found = self.discover(server).await?;
-        let settings = &self.servers[server].settings;
-        let form = [
-            ("grant_type", "refresh_token"),
-            ("refresh_token", refresh.expose_secret()),
-            ("resource", held.resource.as_str()),
-        ];
-        self.refreshes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let token_endpoint = &found.meta.token_endpoint;
-        match authz::token_request(&self.http, server, token_endpoint, &client(settings), &form, &held.resource).await {
-            Ok(mut fresh) => {
-                if fresh.refresh_token.is_none() {
-                    fresh.refresh_token = Some(refresh);
-                }
+        match self.refresh_grant(server, &found, &held, refresh).await {
+            Ok(fresh) => {
                 let d: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(fresh.access_token.expose_secret()).into();
                 {
                     let mut set = self.after_refusal.lock().unwrap_or_else(|e| e.into_inner());
@@ -409,6 +379,31 @@ impl OAuthFlows {
             Err(e) if e.needs_reauthorization() => self.store.delete(server, user).await,
             Err(e) => Err(e),
         }
+    }
+
+    /// One `refresh_token` grant for `held` at `server`'s token endpoint (`found`)
+    /// (counted); the new set keeps `refresh` when the answer rotates none.
+    async fn refresh_grant(
+        &self,
+        server: &str,
+        found: &Discovered,
+        held: &TokenSet,
+        refresh: SecretString,
+    ) -> Result<TokenSet> {
+        let settings = &self.servers[server].settings;
+        let form = [
+            ("grant_type", "refresh_token"),
+            ("refresh_token", refresh.expose_secret()),
+            ("resource", held.resource.as_str()),
+        ];
+        self.refreshes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token_endpoint = &found.meta.token_endpoint;
+        let mut fresh =
+            authz::token_request(&self.http, server, token_endpoint, &client(settings), &form, &held.resource).await?;
+        if fresh.refresh_token.is_none() {
+            fresh.refresh_token = Some(refresh);
+        }
+        Ok(fresh)
     }
 
     /// `user`'s state for `server`: connected, or needs authorization (with

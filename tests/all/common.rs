@@ -361,3 +361,50 @@ pub async fn eventually(mut cond: impl AsyncFnMut() -> bool) -> bool {
     }
     false
 }
+
+/// The port a test server wrote to `port_file` once listening (waits up to
+/// 30 s; panics naming `what` when it never does).
+pub async fn port_from_file(port_file: &Path, what: &str) -> u16 {
+    for _ in 0..600 {
+        if let Ok(p) = std::fs::read_to_string(port_file) {
+            return p.trim().parse().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what} did not start: no port in {}", port_file.display());
+}
+
+/// One of the `oidc-provider` fixtures in tests/oidc (`script`, with `env`),
+/// and the JSON line it prints once listening; `None` (after [`skip`]) when
+/// node or its packages are missing.
+pub async fn start_oidc_fixture(
+    test: &str,
+    script: &str,
+    env: &[(&str, String)],
+) -> Option<(tokio::process::Child, serde_json::Value)> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let dir = Path::new(ROOT).join("tests/oidc");
+    if !dir.join("node_modules/oidc-provider").exists() {
+        skip(test, "tests/oidc/node_modules is missing: run `npm ci --prefix tests/oidc`");
+        return None;
+    }
+    let mut child = match tokio::process::Command::new("node")
+        .arg(script)
+        .current_dir(&dir)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            skip(test, &format!("node not found: {e}"));
+            return None;
+        }
+    };
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await.unwrap().unwrap().unwrap();
+    Some((child, serde_json::from_str(&line).unwrap()))
+}

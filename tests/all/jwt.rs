@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use mcp_context::identity::{AuthFailure, IdentitySource, JwksSource, JwtSettings, JwtVerifier};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::common::*;
 use crate::serve::{Proxy, Upstream, chat_body, http};
@@ -43,28 +42,7 @@ fn oidc_dir() -> PathBuf {
 impl Idp {
     /// Starts the provider, or says why it cannot run here (`skip`).
     async fn start(test: &str) -> Option<Idp> {
-        if !oidc_dir().join("node_modules/oidc-provider").exists() {
-            skip(test, "tests/oidc/node_modules is missing: run `npm ci --prefix tests/oidc`");
-            return None;
-        }
-        let mut child = match tokio::process::Command::new("node")
-            .arg("provider.mjs")
-            .current_dir(oidc_dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                skip(test, &format!("node not found: {e}"));
-                return None;
-            }
-        };
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await.unwrap().unwrap().unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap();
+        let (child, v) = crate::common::start_oidc_fixture(test, "provider.mjs", &[]).await?;
         Some(Idp { issuer: v["issuer"].as_str().unwrap().to_owned(), child: Some(child) })
     }
 

@@ -50,30 +50,8 @@ impl Drop for Authz {
 impl Authz {
     /// The authorization server, access tokens living `ttl` seconds; or why it cannot run here.
     pub async fn start(test: &str, ttl: u64) -> Option<Authz> {
-        let dir = Path::new(ROOT).join("tests/oidc");
-        if !dir.join("node_modules/oidc-provider").exists() {
-            skip(test, "tests/oidc/node_modules is missing: run `npm ci --prefix tests/oidc`");
-            return None;
-        }
-        let mut child = match tokio::process::Command::new("node")
-            .arg("authz.mjs")
-            .current_dir(&dir)
-            .env("AUTHZ_ACCESS_TTL", ttl.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                skip(test, &format!("node not found: {e}"));
-                return None;
-            }
-        };
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await.unwrap().unwrap().unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap();
+        let (child, v) =
+            crate::common::start_oidc_fixture(test, "authz.mjs", &[("AUTHZ_ACCESS_TTL", ttl.to_string())]).await?;
         Some(Authz { issuer: v["issuer"].as_str().unwrap().to_owned(), child })
     }
 
@@ -179,14 +157,8 @@ impl Mcp {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        for _ in 0..600 {
-            if let Ok(p) = std::fs::read_to_string(&port_file) {
-                let url = format!("http://127.0.0.1:{}/mcp", p.trim());
-                return Mcp { url, record, _child: child, _dir: dir };
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("bearer.py did not start");
+        let port = crate::common::port_from_file(&port_file, "bearer.py").await;
+        Mcp { url: format!("http://127.0.0.1:{port}/mcp"), record, _child: child, _dir: dir }
     }
 
     /// Every token presented so far: {ok, sub, aud} or {ok: false, why, aud}.

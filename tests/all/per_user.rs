@@ -43,13 +43,8 @@ impl AuthServer {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        for _ in 0..600 {
-            if let Ok(p) = std::fs::read_to_string(&port_file) {
-                return AuthServer { _child: child, port: p.trim().parse().unwrap(), log, keys: keys_file };
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        panic!("the auth server did not start");
+        let port = crate::common::port_from_file(&port_file, "the auth server").await;
+        AuthServer { _child: child, port, log, keys: keys_file }
     }
 
     fn write_keys(path: &Path, keys: &[(&str, &str)]) {

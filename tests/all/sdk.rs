@@ -149,13 +149,8 @@ async fn python_http_server(py: &Path, dir: &Path, mode: &str, extra: &[&str]) -
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    for _ in 0..600 {
-        if let Ok(p) = std::fs::read_to_string(&port_file) {
-            return (child, p.trim().parse().unwrap());
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("the Python server ({mode}) did not start");
+    let port = crate::common::port_from_file(&port_file, &format!("the Python server ({mode})")).await;
+    (child, port)
 }
 
 /// Every listed resource of `hub`'s one server, read and rendered, by URI.
