@@ -181,3 +181,46 @@ pub fn looks_denied(cause: &str) -> bool {
         .iter()
         .any(|s| cause.contains(s))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::credentials::TokenSet;
+
+    /// A bearer server's credential per user: none held → needs authorization,
+    /// expired → `token_expired` (nothing sent), fresh → that user's own
+    /// bearer, never another's.
+    #[tokio::test]
+    async fn a_bearer_servers_state_follows_the_stored_token() {
+        let yaml = "servers:\n  drive:\n    url: http://127.0.0.1:9/mcp\n    auth: { type: oauth, client_id: c }\n\
+                    credentials: { store: memory }\n";
+        let config = Config::from_yaml_with_env(yaml, std::path::Path::new("/tmp/c.yaml"), &|_| None).unwrap();
+        let server = &config.servers[0];
+        let store = Arc::new(MemoryTokenStore::default());
+        let creds = Credentials::with_store(store.clone());
+
+        let got = creds.credential_for(server, "alice").await.unwrap();
+        assert!(matches!(got, Credential::State(CredentialState::NeedsAuthorization { .. })), "{got:?}");
+
+        let mut expired = TokenSet::bearer(SecretString::from("alice-old"), "http://127.0.0.1:9/mcp");
+        expired.expires_at = Some(SystemTime::now() - Duration::from_secs(5));
+        store.put("drive", "alice", &expired).await.unwrap();
+        let got = creds.credential_for(server, "alice").await.unwrap();
+        assert!(matches!(got, Credential::State(CredentialState::TokenExpired)), "{got:?}");
+
+        let mut fresh = TokenSet::bearer(SecretString::from("alice-new"), "http://127.0.0.1:9/mcp");
+        fresh.expires_at = Some(SystemTime::now() + Duration::from_secs(600));
+        store.put("drive", "alice", &fresh).await.unwrap();
+        match creds.credential_for(server, "alice").await.unwrap() {
+            Credential::Headers(h) => {
+                assert_eq!(h.len(), 1);
+                assert_eq!((h[0].0.as_str(), h[0].1.expose_secret()), ("Authorization", "Bearer alice-new"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let bob = creds.credential_for(server, "bob").await.unwrap();
+        assert!(matches!(bob, Credential::State(CredentialState::NeedsAuthorization { .. })), "{bob:?}");
+    }
+}
