@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use self::record::Origin;
 pub use self::record::{AuditRecord, AuditResource};
-pub(crate) use self::record::{Digests, digests};
+pub(crate) use self::record::{digests, included};
 #[cfg(feature = "serve")]
 pub(crate) use self::record::{random_hex, trace_id_of, usable_request_id};
 use crate::config::{AuditSettings, AuditSink};
@@ -142,15 +142,16 @@ impl Auditor {
         Some(Auditor { sinks, denied_ids: settings.denied_ids })
     }
 
-    /// The record of `report`, whose message's block digests (if it had one)
-    /// are `blocks`, with the roles the policy was applied with.
+    /// The record of `report`, whose message's resources (if it had one) are
+    /// `included` (see [`included`]), with the roles the policy was applied with.
     pub(crate) fn record(
         &self,
         report: &crate::report::Report,
-        blocks: Option<&Digests>,
+        included: Option<Arc<[AuditResource]>>,
         origin: Origin,
     ) -> AuditRecord {
-        AuditRecord::new(report, blocks, &report.roles, origin, self.denied_ids)
+        let included = included.unwrap_or_else(|| record::included(report, None));
+        AuditRecord::new(report, included, &report.roles, origin, self.denied_ids)
     }
 
     /// Hands a record to every sink without waiting: a full queue drops it (counted).

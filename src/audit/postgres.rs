@@ -220,19 +220,19 @@ fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".into())
 }
 
-/// One batch as the statements' parameter arrays.
+/// One batch as the statements' parameter arrays, borrowing the records' text.
 #[derive(Default)]
-struct Batch {
-    at: Vec<String>,
-    request_id: Vec<String>,
-    trace_id: Vec<String>,
-    route: Vec<String>,
-    model: Vec<String>,
-    user: Vec<String>,
-    source: Vec<String>,
+struct Batch<'a> {
+    at: Vec<&'a str>,
+    request_id: Vec<&'a str>,
+    trace_id: Vec<&'a str>,
+    route: Vec<&'a str>,
+    model: Vec<&'a str>,
+    user: Vec<&'a str>,
+    source: Vec<&'a str>,
     roles: Vec<String>,
     set: Vec<String>,
-    mode: Vec<Option<String>>,
+    mode: Vec<Option<&'a str>>,
     budget: Vec<i64>,
     tokens: Vec<i64>,
     excluded: Vec<String>,
@@ -244,9 +244,9 @@ struct Batch {
     sets: [Vec<String>; 4],
 }
 
-impl Batch {
+impl<'a> Batch<'a> {
     /// The batch of `records`, with the sets `known` does not hold yet.
-    fn of(records: &[Arc<AuditRecord>], known: &HashSet<String>) -> Batch {
+    fn of(records: &'a [Arc<AuditRecord>], known: &HashSet<String>) -> Batch<'a> {
         let mut b = Batch::default();
         let mut new = HashSet::new();
         for r in records {
@@ -258,16 +258,16 @@ impl Batch {
                 b.sets[2].push(json(&r.included));
                 b.sets[3].push(json(&r.denied));
             }
-            b.at.push(r.at.clone());
-            b.request_id.push(r.request_id.clone());
-            b.trace_id.push(r.trace_id.clone());
-            b.route.push(r.route.clone());
-            b.model.push(r.model.clone());
-            b.user.push(r.user.clone());
-            b.source.push(r.identity_source.clone());
+            b.at.push(&r.at);
+            b.request_id.push(&r.request_id);
+            b.trace_id.push(&r.trace_id);
+            b.route.push(&r.route);
+            b.model.push(&r.model);
+            b.user.push(&r.user);
+            b.source.push(&r.identity_source);
             b.roles.push(json(&r.roles));
             b.set.push(digest);
-            b.mode.push(r.mode.clone());
+            b.mode.push(r.mode.as_deref());
             b.budget.push(i64::try_from(r.budget).unwrap_or(i64::MAX));
             b.tokens.push(i64::try_from(r.tokens).unwrap_or(i64::MAX));
             b.excluded.push(json(&r.excluded));
@@ -289,7 +289,7 @@ struct Conn {
 
 impl Conn {
     /// Writes `b`: its new sets first, then its records.
-    async fn write(&self, b: &Batch) -> std::result::Result<(), tokio_postgres::Error> {
+    async fn write(&self, b: &Batch<'_>) -> std::result::Result<(), tokio_postgres::Error> {
         if !b.sets[0].is_empty() {
             let s = &b.sets;
             self.client.execute(&self.insert_sets, &[&s[0], &s[1], &s[2], &s[3]]).await?;

@@ -4,6 +4,7 @@
 //! `traceparent` parsing and the digest of each block of the message.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -63,7 +64,7 @@ pub struct AuditRecord {
     /// Tokens of the message sent (0: nothing injected).
     pub tokens: usize,
     /// Each resource sent, in message order.
-    pub included: Vec<AuditResource>,
+    pub included: Arc<[AuditResource]>,
     /// Resources left out, counted by reason (`denied`, `audience`, `budget`, `error`, `not found`).
     pub excluded: BTreeMap<String, usize>,
     /// The ids of the denied resources (the operator's view; `audit.denied_ids: false` leaves them out).
@@ -107,25 +108,14 @@ impl Origin {
 }
 
 impl AuditRecord {
-    /// The record of `report`, whose message (if any) is `message`.
+    /// The record of `report`, whose resources sent are `included`.
     pub(crate) fn new(
         report: &Report,
-        blocks: Option<&Digests>,
+        included: Arc<[AuditResource]>,
         roles: &[String],
         origin: Origin,
         denied_ids: bool,
     ) -> Self {
-        let included = report
-            .included
-            .iter()
-            .map(|i| AuditResource {
-                sha256: blocks.and_then(|b| b.get(&i.id)).cloned().unwrap_or_default(),
-                id: i.id.clone(),
-                tokens: i.tokens,
-                truncated: i.truncated,
-                passages: i.chunks.is_some(),
-            })
-            .collect();
         // Counted by reason first (a handful), named once each: a report
         // leaves out hundreds of resources, and a name made per exclusion was
         // most of the record's cost.
@@ -166,6 +156,23 @@ impl AuditRecord {
 
 /// The hex SHA-256 of each resource block of one message, by `server:uri`.
 pub(crate) type Digests = HashMap<String, String>;
+
+/// Each resource `report` included, with the digest of its block in the
+/// message (`blocks`; empty without one). Shared: a message's list is made
+/// once and every record of that message holds it.
+pub(crate) fn included(report: &Report, blocks: Option<&Digests>) -> Arc<[AuditResource]> {
+    report
+        .included
+        .iter()
+        .map(|i| AuditResource {
+            sha256: blocks.and_then(|b| b.get(&i.id)).cloned().unwrap_or_default(),
+            id: i.id.clone(),
+            tokens: i.tokens,
+            truncated: i.truncated,
+            passages: i.chunks.is_some(),
+        })
+        .collect()
+}
 
 /// [`block_digests`] in hex.
 pub(crate) fn digests(message: &str) -> Digests {

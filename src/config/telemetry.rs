@@ -34,8 +34,10 @@ pub struct TelemetrySettings {
     /// to `{otlp_endpoint}/v1/traces`, as with `OTEL_EXPORTER_OTLP_ENDPOINT`.
     /// A URL that already ends in `/v1/traces` is used as it is.
     pub otlp_endpoint: String,
-    /// The share of new traces kept, 0.0 to 1.0 (default 1.0). A request
-    /// that arrives with a W3C `traceparent` follows its caller's decision.
+    /// The share of new traces kept, 0.0 to 1.0 (default 1.0), decided when
+    /// a trace's first span opens (a trace not kept makes no OpenTelemetry
+    /// span). A request that arrives with a W3C `traceparent` follows its
+    /// caller's decision.
     pub sample_ratio: f64,
     /// `service.name` of the exported spans (default `mcp-context`).
     pub service_name: String,

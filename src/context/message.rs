@@ -39,7 +39,7 @@ impl PartialEq for ContextMessage {
 #[derive(Debug, Default)]
 pub(crate) struct MessageDerived {
     forms: [std::sync::OnceLock<Box<serde_json::value::RawValue>>; MessageForm::COUNT],
-    digests: std::sync::OnceLock<Arc<crate::audit::Digests>>,
+    audited: std::sync::OnceLock<Arc<[crate::audit::AuditResource]>>,
 }
 
 /// The JSON forms a message is sent in, each made once per message.
@@ -87,8 +87,12 @@ impl ContextMessage {
         })
     }
 
-    /// The SHA-256 of each resource block, by `server:uri`, made once.
-    pub(crate) fn digests(&self) -> Arc<crate::audit::Digests> {
-        self.derived.digests.get_or_init(|| Arc::new(crate::audit::digests(&self.content))).clone()
+    /// The audit record's list of the resources sent (with the SHA-256 of
+    /// each one's block), made once: `report` is the one this message was
+    /// composed with (every copy of the message comes with the same
+    /// inclusions, since the message is made from them).
+    pub(crate) fn audited(&self, report: &crate::Report) -> Arc<[crate::audit::AuditResource]> {
+        let make = || crate::audit::included(report, Some(&crate::audit::digests(&self.content)));
+        self.derived.audited.get_or_init(make).clone()
     }
 }

@@ -448,7 +448,7 @@ impl McpContext {
     ) -> Option<AuditRecord> {
         // The roles the policy was applied with (a verified token's included), as the report says.
         let auditor = self.audit.as_ref()?;
-        Some(auditor.record(report, message.map(ContextMessage::digests).as_deref(), origin))
+        Some(auditor.record(report, message.map(|m| m.audited(report)), origin))
     }
 
     /// Hands a record to the audit sinks (never waits; a full queue drops it, counted).

@@ -151,17 +151,18 @@ async fn dispatch(State(state): State<Shared>, req: Request) -> Response {
         Ok(route) => route.label(),
         Err((label, _)) => label,
     };
-    let span = tracing::info_span!(
-        "mcp_context.request",
-        otel.name = %format_args!("{} {label}", req.method()),
-        otel.kind = "server",
-        http.request.method = %req.method(),
-        http.route = label,
-        http.response.status_code = tracing::field::Empty,
-        request_id = tracing::field::Empty,
-        trace_id = tracing::field::Empty,
-    );
-    crate::telemetry::continue_from(&span, req.headers());
+    let span = crate::telemetry::request_span(req.headers(), || {
+        tracing::info_span!(
+            "mcp_context.request",
+            otel.name = %format_args!("{} {label}", req.method()),
+            otel.kind = "server",
+            http.request.method = %req.method(),
+            http.route = label,
+            http.response.status_code = tracing::field::Empty,
+            request_id = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
+        )
+    });
     let (label, response) = tracing::Instrument::instrument(handle(state.clone(), req, decided), span.clone()).await;
     span.record("http.response.status_code", i64::from(response.status().as_u16()));
     state.metrics.request(label, response.status());

@@ -186,8 +186,8 @@ impl Upstream {
         };
         let waited = started.elapsed();
         span.record("http.response.status_code", i64::from(response.status().as_u16()));
-        // The answer is read for the span only when it is exported.
-        let span = traced.map(|_| span);
+        // The answer is read for the span only when it is exported (a trace kept).
+        let span = traced.filter(|t| t.sampled()).map(|_| span);
         Ok(Relayed { response: relay_response(response, permit, span), waited })
     }
 }

@@ -34,9 +34,10 @@ impl Telemetry {
 /// into OpenTelemetry spans exported as `settings` say, plus the handle
 /// that flushes them. Must be called inside a tokio runtime: exports run on it.
 ///
-/// The sampler is parent-based: a request that arrives with a `traceparent`
-/// follows its caller's sampling decision; a new trace is kept with
-/// probability `sample_ratio`.
+/// Sampling is decided when a trace's first span opens (see `gate.rs`): a
+/// request that arrives with a `traceparent` follows its caller's decision;
+/// a new trace is kept with probability `sample_ratio`. Spans of traces not
+/// kept never reach the OpenTelemetry layer, so they cost next to nothing.
 pub fn otlp_layer<S>(settings: &TelemetrySettings) -> Result<(impl Layer<S> + Send + Sync + use<S>, Telemetry)>
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
@@ -53,7 +54,8 @@ where
         .with_endpoint(settings.traces_url())
         .build()
         .map_err(|e| Error::Telemetry { what: format!("cannot start the OTLP exporter: {e}") })?;
-    let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(settings.sample_ratio)));
+    // The gate below decided: every span that reaches the SDK is kept.
+    let sampler = Sampler::AlwaysOn;
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_sampler(sampler)
@@ -70,13 +72,15 @@ where
     })
     .with_max_level_hint(tracing::Level::INFO);
     // Per span, only what a trace reader uses: no `busy_ns`/`idle_ns` (a clock read on every poll of every
-    // instrumented future), no thread name and id, no source file and line (four string attributes a span).
+    // instrumented future), no thread name and id, no source file and line (four string attributes a span); no
+    // OpenTelemetry context attached to the thread on each enter (nothing here reads `Context::current`).
     let layer = tracing_opentelemetry::layer()
         .with_tracer(tracer)
         .with_tracked_inactivity(false)
         .with_threads(false)
         .with_location(false)
-        .with_filter(filter);
+        .with_context_activation(false);
+    let layer = super::gate::Gate::new::<S>(layer, settings.sample_ratio).with_filter(filter);
     Ok((layer, Telemetry { provider }))
 }
 

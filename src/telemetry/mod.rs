@@ -24,42 +24,79 @@ pub(crate) struct TraceContext {
     pub(crate) tracestate: Option<String>,
 }
 
+impl TraceContext {
+    /// Whether the trace is kept (exported): its `sampled` flag.
+    #[cfg_attr(not(feature = "serve"), allow(dead_code))]
+    pub(crate) fn sampled(&self) -> bool {
+        let flags = self.traceparent.rsplit('-').next().unwrap_or_default();
+        u8::from_str_radix(flags, 16).is_ok_and(|f| f & 1 == 1)
+    }
+}
+
 #[cfg(feature = "otel")]
 mod on {
+    #[cfg(feature = "serve")]
     use opentelemetry::propagation::TextMapPropagator;
-    use opentelemetry::trace::TraceContextExt;
+    use opentelemetry::trace::{TraceContextExt, TraceFlags};
+    #[cfg(feature = "serve")]
     use opentelemetry_sdk::propagation::TraceContextPropagator;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
     use super::TraceContext;
 
-    /// The current span's context, when an OpenTelemetry layer gave it a valid one.
+    /// The current span's context: the OpenTelemetry layer's when its trace
+    /// is kept, else the one the sampling gate gave a trace not kept.
     pub(crate) fn current() -> Option<TraceContext> {
-        let cx = tracing::Span::current().context();
+        let span = tracing::Span::current();
+        let cx = span.context();
         if !cx.span().span_context().is_valid() {
-            return None;
+            return span.with_subscriber(|(id, dispatch)| super::gate::unsampled_context(dispatch, id)).flatten();
         }
-        let mut fields = std::collections::HashMap::new();
-        TraceContextPropagator::new().inject_context(&cx, &mut fields);
-        Some(TraceContext { traceparent: fields.remove("traceparent")?, tracestate: fields.remove("tracestate") })
+        // What `TraceContextPropagator::inject_context` writes, without its map of header names.
+        let sc = cx.span().span_context().clone();
+        let state = sc.trace_state().header();
+        Some(TraceContext {
+            traceparent: format!(
+                "00-{}-{}-{:02x}",
+                sc.trace_id(),
+                sc.span_id(),
+                (sc.trace_flags() & TraceFlags::SAMPLED).to_u8()
+            ),
+            tracestate: (!state.is_empty()).then_some(state),
+        })
     }
 
-    /// Makes `span` a child of the caller's trace when `headers` carry a
-    /// valid `traceparent`.
-    pub(crate) fn continue_from(span: &tracing::Span, headers: &http::HeaderMap) {
-        // Most requests carry no trace, and a span nobody records needs no parent.
-        if span.is_disabled() || !headers.contains_key("traceparent") {
-            return;
+    /// Opens a request's span (by `open`) in the caller's trace when
+    /// `headers` carry a valid `traceparent`: kept or not as the caller
+    /// decided (the sampling gate's first decision), and when kept, a child
+    /// of the caller's span.
+    #[cfg(feature = "serve")]
+    pub(crate) fn request_span(headers: &http::HeaderMap, open: impl FnOnce() -> tracing::Span) -> tracing::Span {
+        // Most requests carry no trace: the gate draws for them.
+        if !headers.contains_key("traceparent") {
+            return open();
         }
         let cx = TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers));
-        if cx.span().span_context().is_valid() {
+        let caller = cx.span().span_context().clone();
+        if !caller.is_valid() {
+            return open();
+        }
+        let context = TraceContext {
+            traceparent: format!("00-{}-{}-{:02x}", caller.trace_id(), caller.span_id(), caller.trace_flags().to_u8()),
+            tracestate: headers.get("tracestate").and_then(|v| v.to_str().ok()).map(str::to_owned),
+        };
+        let span = super::gate::with_caller(caller.is_sampled(), context, open);
+        if caller.is_sampled() && !span.is_disabled() {
             let _ = span.set_parent(cx);
         }
+        span
     }
 }
 
+pub(crate) use on::current;
 #[cfg(feature = "otel")]
-pub(crate) use on::{continue_from, current};
+#[cfg(feature = "serve")]
+pub(crate) use on::request_span;
 
 /// The current span's context (none without the `otel` feature).
 #[cfg(not(feature = "otel"))]
@@ -67,11 +104,15 @@ pub(crate) fn current() -> Option<TraceContext> {
     None
 }
 
-/// Continues the caller's trace (nothing without the `otel` feature).
+/// Opens a request's span (without the `otel` feature, no trace to continue).
 #[cfg(all(not(feature = "otel"), feature = "serve"))]
-pub(crate) fn continue_from(_span: &tracing::Span, _headers: &http::HeaderMap) {}
+pub(crate) fn request_span(_headers: &http::HeaderMap, open: impl FnOnce() -> tracing::Span) -> tracing::Span {
+    open()
+}
 
 #[cfg(all(feature = "otel", feature = "cli"))]
 mod export;
+#[cfg(feature = "otel")]
+mod gate;
 #[cfg(all(feature = "otel", feature = "cli"))]
 pub use export::{Telemetry, otlp_layer};

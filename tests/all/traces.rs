@@ -235,21 +235,46 @@ async fn one_request_is_one_trace_from_the_caller_through_the_mcp_server_to_the_
     assert_eq!(read_log(&log).len(), before, "nothing read again");
 }
 
-/// `sample_ratio: 0`: new traces are not kept (nothing exported; the
-/// upstream is told so, flags `00`), while a caller that sampled its trace
-/// is followed.
+/// `sample_ratio: 0`: new traces are not kept (nothing exported), yet the
+/// services downstream still see one trace per request, flagged `00`: the
+/// upstream's `traceparent` and every MCP read's `_meta` name the same trace
+/// id. A caller's unsampled trace is passed on as it came (its trace id, its
+/// span as parent, flags `00`, its trace state) and not exported; a caller's
+/// sampled trace is followed.
 #[tokio::test]
 async fn sampling_follows_the_ratio_and_the_callers_decision() {
     let py = match python_otel() {
         Ok(p) => p,
         Err(why) => return skip("sampling_follows_the_ratio…", &why),
     };
-    let Setup { receiver, up, proxy, _dir, .. } = Setup::start(&py, 0.0).await;
+    let Setup { receiver, up, log, proxy, _dir } = Setup::start(&py, 0.0).await;
     let resp = proxy.post("/v1/chat/completions", Some("key-bob"), &chat_body("unsampled")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let _ = resp.bytes().await.unwrap();
     let (unsampled, _, flags) = traceparent(&up.seen()[0].headers["traceparent"]);
     assert_eq!(flags, "00", "a trace not kept says so downstream");
+    let metas: Vec<(String, String, String)> = read_log(&log)
+        .iter()
+        .filter_map(|l| l.strip_prefix("meta "))
+        .map(|l| traceparent(l.split_once(' ').unwrap().1))
+        .collect();
+    assert_eq!(metas.len(), 3, "every read carried a trace: {:?}", read_log(&log));
+    assert!(metas.iter().all(|(t, _, f)| *t == unsampled && f == "00"), "one unsampled trace downstream: {metas:?}");
+
+    const OTHER: &str = "0af7651916cd43dd8448eb211c80319c";
+    let resp = proxy
+        .post("/v1/chat/completions", Some("key-bob"), &chat_body("unsampled by the caller"))
+        .header("traceparent", format!("00-{OTHER}-b7ad6b7169203331-00"))
+        .header("tracestate", "vendor=caller")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = resp.bytes().await.unwrap();
+    let seen = &up.seen()[1].headers;
+    assert_eq!(seen["traceparent"], format!("00-{OTHER}-b7ad6b7169203331-00"), "passed on as it came");
+    assert_eq!(seen["tracestate"], "vendor=caller");
+
     let resp = proxy
         .post("/v1/chat/completions", Some("key-bob"), &chat_body("sampled by the caller"))
         .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
@@ -259,5 +284,49 @@ async fn sampling_follows_the_ratio_and_the_callers_decision() {
     assert_eq!(resp.status(), 200);
     let _ = resp.bytes().await.unwrap();
     receiver.wait(CALLER_TRACE, |s| s.iter().any(|x| x["parent_span_id"] == CALLER_SPAN)).await;
-    assert!(receiver.spans().iter().all(|s| s["trace_id"] != unsampled.as_str()), "nothing of the unsampled trace");
+    let spans = receiver.spans();
+    assert!(spans.iter().all(|s| s["trace_id"] != unsampled.as_str()), "nothing of the unsampled trace");
+    assert!(spans.iter().all(|s| s["trace_id"] != OTHER), "nothing of the caller's unsampled trace");
+}
+
+/// `sample_ratio: 0.5` keeps about half of the new traces, decided once per
+/// request: every request the upstream saw flagged `01` is exported whole
+/// (its request, inject and upstream spans), none flagged `00` is.
+#[tokio::test]
+async fn a_ratio_keeps_that_share_of_whole_traces() {
+    let py = match python_otel() {
+        Ok(p) => p,
+        Err(why) => return skip("a_ratio_keeps_that_share…", &why),
+    };
+    let Setup { receiver, up, proxy, _dir, .. } = Setup::start(&py, 0.5).await;
+    const N: usize = 120;
+    for i in 0..N {
+        let body = chat_body(&format!("request {i}"));
+        let resp = proxy.post("/v1/chat/completions", Some("key-bob"), &body).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let _ = resp.bytes().await.unwrap();
+    }
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    for seen in up.seen() {
+        let (trace, _, flags) = traceparent(&seen.headers["traceparent"]);
+        if flags == "01" { kept.push(trace) } else { dropped.push(trace) }
+    }
+    assert_eq!(kept.len() + dropped.len(), N);
+    // Binomial(120, 0.5): outside 30..=90 has a probability below 1e-7.
+    assert!((30..=90).contains(&kept.len()), "kept {} of {N}", kept.len());
+    let whole = |s: &[Value]| {
+        ["POST /v1/chat/completions", "chat", "mcp_context.inject"].iter().all(|n| s.iter().any(|x| x["name"] == *n))
+    };
+    for trace in &kept {
+        receiver.wait(trace, whole).await;
+    }
+    let spans = receiver.spans();
+    // The traces of chat requests (the proxy's own health checks at start are traces of their own).
+    let exported: std::collections::HashSet<&str> = spans
+        .iter()
+        .filter(|s| s["name"] == "POST /v1/chat/completions")
+        .filter_map(|s| s["trace_id"].as_str())
+        .collect();
+    assert_eq!(exported.len(), kept.len(), "one exported trace per kept request, no other");
+    assert!(dropped.iter().all(|t| !exported.contains(t.as_str())), "no span of a trace not kept");
 }
