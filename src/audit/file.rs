@@ -153,7 +153,8 @@ mod tests {
         spawn(path.clone(), 600, 2, rx, stats.clone());
         let report = crate::report::Report { user: "alice".into(), ..Default::default() };
         for _ in 0..20 {
-            let r = AuditRecord::new(&report, None, &[], Origin::library(&report), true);
+            let r =
+                AuditRecord::new(&report, crate::audit::included(&report, None), &[], Origin::library(&report), true);
             tx.send(Msg::Record(Arc::new(r))).await.unwrap();
         }
         let (done, wait) = tokio::sync::oneshot::channel();

@@ -93,9 +93,9 @@ mod on {
     }
 }
 
-pub(crate) use on::current;
 #[cfg(feature = "otel")]
-#[cfg(feature = "serve")]
+pub(crate) use on::current;
+#[cfg(all(feature = "otel", feature = "serve"))]
 pub(crate) use on::request_span;
 
 /// The current span's context (none without the `otel` feature).
