@@ -17,6 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "redis")]
 use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 
@@ -44,6 +45,7 @@ pub(super) enum Verdict {
     Owner,
     NotOwner,
     /// The shared record could not be read (Redis down).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Unknown,
 }
 
