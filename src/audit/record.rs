@@ -299,9 +299,41 @@ pub(crate) fn rfc3339(secs: i64, millis: u32) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// The time a [`rfc3339`] string names (this module's own format, as
+/// records carry it), for the binary `timestamptz` of PostgreSQL's `COPY`.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
+    let b = s.as_bytes();
+    let num = |from: usize, len: usize| -> Option<i64> { s.get(from..from + len)?.parse().ok() };
+    if b.len() != 24 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'.' || b[23] != b'Z' {
+        return None;
+    }
+    let (year, month, day) = (num(0, 4)?, num(5, 2)?, num(8, 2)?);
+    let (h, m, sec, ms) = (num(11, 2)?, num(14, 2)?, num(17, 2)?, num(20, 3)?);
+    // Howard Hinnant's days_from_civil, the inverse of `rfc3339`'s.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let ms_total = ((days * 86_400 + h * 3600 + m * 60 + sec) * 1000 + ms).try_into().ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms_total))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_read_back() {
+        for (secs, ms) in [(0, 0), (1_795_000_000, 42), (951_782_400, 999), (4_102_444_799, 1)] {
+            let t = parse_rfc3339(&rfc3339(secs, ms)).unwrap();
+            assert_eq!(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis(), secs as u128 * 1000 + ms as u128);
+        }
+        assert_eq!(parse_rfc3339("2026-12-02 14:00:00.000Z"), None);
+        assert_eq!(parse_rfc3339("yesterday"), None);
+    }
 
     #[test]
     fn timestamps_are_rfc3339_utc() {
