@@ -81,9 +81,17 @@ mod on {
         if !caller.is_valid() {
             return open();
         }
+        // Passed on as parsed, as for a kept trace: a `tracestate` that is not W3C's (too many entries, bad keys)
+        // is dropped rather than relayed as the caller wrote it.
+        let state = caller.trace_state().header();
         let context = TraceContext {
-            traceparent: format!("00-{}-{}-{:02x}", caller.trace_id(), caller.span_id(), caller.trace_flags().to_u8()),
-            tracestate: headers.get("tracestate").and_then(|v| v.to_str().ok()).map(str::to_owned),
+            traceparent: format!(
+                "00-{}-{}-{:02x}",
+                caller.trace_id(),
+                caller.span_id(),
+                (caller.trace_flags() & TraceFlags::SAMPLED).to_u8()
+            ),
+            tracestate: (!state.is_empty()).then_some(state),
         };
         let span = super::gate::with_caller(caller.is_sampled(), context, open);
         if caller.is_sampled() && !span.is_disabled() {

@@ -274,6 +274,17 @@ async fn sampling_follows_the_ratio_and_the_callers_decision() {
     let seen = &up.seen()[1].headers;
     assert_eq!(seen["traceparent"], format!("00-{OTHER}-b7ad6b7169203331-00"), "passed on as it came");
     assert_eq!(seen["tracestate"], "vendor=caller");
+    // A trace state that is not W3C's is not relayed as the caller wrote it.
+    let resp = proxy
+        .post("/v1/chat/completions", Some("key-bob"), &chat_body("forged trace state"))
+        .header("traceparent", format!("00-{OTHER}-b7ad6b7169203331-00"))
+        .header("tracestate", "=x,{}=\"injected\",a=b=c")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = resp.bytes().await.unwrap();
+    assert!(!up.seen()[2].headers.contains_key("tracestate"), "{:?}", up.seen()[2].headers);
 
     let resp = proxy
         .post("/v1/chat/completions", Some("key-bob"), &chat_body("sampled by the caller"))
