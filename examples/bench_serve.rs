@@ -5,9 +5,20 @@
 //! resources cached and a budget of 8000 tokens; throughput at 64 clients;
 //! the proxy's RSS over many requests.
 //!
+//! By default every client sends its next request as soon as the last one
+//! answered, against an upstream that answers at once: the machine is
+//! saturated, so "added" is mostly queueing behind the proxy's CPU (16
+//! clients × its CPU per request, shared with the clients and the upstream).
+//! `--pace-ms M` has each client send at most one request every M ms
+//! (clients staggered), an offered load of clients × 1000 / M requests a
+//! second, so the rows show what a request waits for the proxy itself at that
+//! load; latency is still timed from each request's actual send.
+//! `--clients 16` runs only the given concurrency levels (default 1,16,64).
+//!
 //! ```text
 //! cargo build --release --bin mcp-context --example bench_server --example bench_serve
 //! target/release/examples/bench_serve [--requests 2000] [--rss-requests 100000] [--apis chat,messages]
+//!     [--clients 1,16,64] [--pace-ms M]
 //!     [--audit-pg postgres://postgres@127.0.0.1:5432/test] [--traces [--sample-ratio R]]
 //! ```
 //!
@@ -102,16 +113,30 @@ async fn one(client: &reqwest::Client, url: &str, stream: bool) -> Duration {
     if stream { first.expect("a first chunk") } else { started.elapsed() }
 }
 
-/// `total` requests from `concurrency` clients; every latency, and the wall time.
-async fn run(client: &reqwest::Client, url: &str, stream: bool, concurrency: usize, total: usize) -> (Vec<f64>, f64) {
+/// `total` requests from `concurrency` clients, each sending at most one
+/// every `pace` when given (else back to back); every latency, and the wall time.
+async fn run(
+    client: &reqwest::Client,
+    url: &str,
+    stream: bool,
+    concurrency: usize,
+    total: usize,
+    pace: Option<Duration>,
+) -> (Vec<f64>, f64) {
     let started = Instant::now();
     let per = total / concurrency;
     let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
+        .map(|i| {
             let (client, url) = (client.clone(), url.to_owned());
             tokio::spawn(async move {
                 let mut v = Vec::with_capacity(per);
+                // Clients staggered across one interval, so the load is even.
+                let mut next = pace.map(|p| tokio::time::Instant::now() + p * i as u32 / concurrency as u32);
                 for _ in 0..per {
+                    if let (Some(at), Some(p)) = (next.as_mut(), pace) {
+                        tokio::time::sleep_until(*at).await;
+                        *at = (*at + p).max(tokio::time::Instant::now());
+                    }
                     v.push(one(&client, &url, stream).await.as_secs_f64() * 1e3);
                 }
                 v
@@ -189,6 +214,13 @@ async fn main() {
     let requests = flag(&args, "--requests", 2000);
     let rss_requests = flag(&args, "--rss-requests", 100_000);
     let n = flag(&args, "--n", 1000);
+    let pace =
+        args.iter().any(|a| a == "--pace-ms").then(|| Duration::from_millis(flag(&args, "--pace-ms", 10) as u64));
+    let levels: Vec<usize> = args
+        .iter()
+        .position(|a| a == "--clients")
+        .and_then(|i| args.get(i + 1))
+        .map_or_else(|| vec![1, 16, 64], |l| l.split(',').map(|c| c.parse().expect("--clients 1,16,64")).collect());
     let apis = args
         .iter()
         .position(|a| a == "--apis")
@@ -287,7 +319,10 @@ async fn main() {
         "\n| api | clients | mode | direct p50 | proxy p50 | added p50 | direct p99 | proxy p99 | added p99 | proxy req/s | proxy CPU ms/req | postgres CPU ms/req |"
     );
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for concurrency in [1, 16, 64] {
+    if let Some(p) = pace {
+        println!("(paced: each client sends at most one request every {} ms)", p.as_millis());
+    }
+    for concurrency in levels {
         for (api, direct, via) in [
             ("chat", direct.clone(), via.clone()),
             ("messages", format!("{direct_base}/messages"), format!("{proxy}/v1/messages")),
@@ -297,9 +332,9 @@ async fn main() {
             }
             for stream in [false, true] {
                 let total = requests.max(concurrency) / concurrency * concurrency;
-                let (d, _) = run(&client, &direct, stream, concurrency, total).await;
+                let (d, _) = run(&client, &direct, stream, concurrency, total, pace).await;
                 let (cpu0, pg0) = (cpu_ms(pid), postgres_cpu_ms());
-                let (p, wall) = run(&client, &via, stream, concurrency, total).await;
+                let (p, wall) = run(&client, &via, stream, concurrency, total, pace).await;
                 let cpu = (cpu_ms(pid) - cpu0, postgres_cpu_ms() - pg0);
                 let mode = if stream { "streamed (TTFB)" } else { "whole response" };
                 let row = |label: &str, p: &[f64], wall: f64, (cpu, pg): (f64, f64)| {
@@ -321,7 +356,7 @@ async fn main() {
                     let url = via.replace(&proxy, a);
                     let apid = child.id().unwrap_or(0);
                     let (cpu0, pg0) = (cpu_ms(apid), postgres_cpu_ms());
-                    let (pa, wall) = run(&client, &url, stream, concurrency, total).await;
+                    let (pa, wall) = run(&client, &url, stream, concurrency, total, pace).await;
                     row(second, &pa, wall, (cpu_ms(apid) - cpu0, postgres_cpu_ms() - pg0));
                 }
             }
@@ -347,7 +382,7 @@ async fn main() {
         let step = rss_requests / 5;
         let started = Instant::now();
         for i in 1..=5 {
-            run(&client, &via, i % 2 == 0, 64, step).await;
+            run(&client, &via, i % 2 == 0, 64, step, None).await;
             samples.push((i * step, rss_kib(pid)));
         }
         let secs = started.elapsed().as_secs_f64();

@@ -176,17 +176,41 @@ impl JsonObject {
 
     /// The body to send: every field in its place, the untouched ones byte for byte.
     pub(super) fn to_vec(&self) -> Vec<u8> {
-        let len: usize = self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum();
+        self.to_vec_with(None)
+    }
+
+    /// The body to send, with `array`'s field (in its place, else last) the
+    /// JSON array of those elements, written straight into the body: the
+    /// injected message (tens of KB) is copied once, not once into an array
+    /// value and again into the body.
+    pub(super) fn to_vec_with(&self, array: Option<(&str, &[&RawValue])>) -> Vec<u8> {
+        let mut len: usize = self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum();
+        len += array.map_or(0, |(k, items)| k.len() + 6 + items.iter().map(|v| v.get().len() + 1).sum::<usize>());
         let mut out = Vec::with_capacity(len + 2);
         out.push(b'{');
-        for (i, (k, v)) in self.fields.iter().enumerate() {
+        let placed = array.is_some_and(|(key, _)| self.fields.iter().any(|(k, _)| k == key));
+        let last = array.filter(|_| !placed).map(|(k, _)| (k, None));
+        let fields = self.fields.iter().map(|(k, v)| (k.as_str(), Some(&**v))).chain(last);
+        for (i, (k, v)) in fields.enumerate() {
             if i > 0 {
                 out.push(b',');
             }
             // Writing a string into a Vec cannot fail.
             let _ = serde_json::to_writer(&mut out, k);
             out.push(b':');
-            out.extend_from_slice(v.get().as_bytes());
+            match (array.filter(|(key, _)| *key == k), v) {
+                (Some((_, items)), _) => {
+                    out.push(b'[');
+                    for (i, v) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        out.extend_from_slice(v.get().as_bytes());
+                    }
+                    out.push(b']');
+                }
+                (None, v) => out.extend_from_slice(v.map_or("null", RawValue::get).as_bytes()),
+            }
         }
         out.push(b'}');
         out
@@ -235,6 +259,24 @@ mod tests {
             String::from_utf8(o.to_vec()).unwrap(),
             r#"{"z":123456789012345678901234567890,"m":["ours"],"instructions":{"x":1e400}}"#
         );
+    }
+
+    #[test]
+    fn an_array_is_written_in_its_fields_place_or_last() {
+        let ours = raw(&serde_json::json!({"role": "system", "content": "a \"quoted\" line"}));
+        let turn = raw(&serde_json::json!({"role": "user", "content": "hi"}));
+        let items = [&*ours, &*turn];
+        let o = JsonObject::parse(br#"{"model":"m","messages":[{"role":"user","content":"old"}],"n":1}"#).unwrap();
+        let sent = String::from_utf8(o.to_vec_with(Some(("messages", &items)))).unwrap();
+        let want = format!(r#"{{"model":"m","messages":[{},{}],"n":1}}"#, ours.get(), turn.get());
+        assert_eq!(sent, want);
+        let o = JsonObject::parse(br#"{"model":"m"}"#).unwrap();
+        let sent = String::from_utf8(o.to_vec_with(Some(("messages", &items[..1])))).unwrap();
+        assert_eq!(sent, format!(r#"{{"model":"m","messages":[{}]}}"#, ours.get()));
+        let o = JsonObject::parse(b"{}").unwrap();
+        assert_eq!(String::from_utf8(o.to_vec_with(Some(("messages", &[])))).unwrap(), r#"{"messages":[]}"#);
+        let parsed: serde_json::Value = serde_json::from_str(&want).unwrap();
+        assert_eq!(parsed["messages"][0]["content"], "a \"quoted\" line");
     }
 
     #[test]

@@ -353,15 +353,14 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     let ids = parts.extensions.get::<audit::Ids>();
     let pending = audit::begin(&state.ctx, ids, route, who.source, &report, message.as_ref());
     let content = message.as_ref().map(|m| m.content.as_str());
+    // Chat: ours first, then the caller's turns but any message of ours they carried back. Ours is made once
+    // per composition (escaping it for every request cost more than the rest of a warm request) and copied
+    // once, into the body.
+    let mut messages: Vec<&RawValue> = Vec::new();
     match kind {
         Kind::Chat => {
-            let mut messages: Vec<Box<RawValue>> = turns.into_iter().filter(|m| !is_ours(m)).collect();
-            if let Some(m) = &message {
-                // Made once per composition and copied: escaping the message for every request cost more
-                // than the rest of a warm request.
-                messages.insert(0, m.chat_json().to_owned());
-            }
-            obj.set("messages", raw(&messages));
+            messages.extend(message.as_ref().map(|m| m.chat_json()));
+            messages.extend(turns.iter().map(|m| &**m).filter(|m| !is_ours(m)));
         }
         Kind::Responses => set_instructions(&mut obj, content)?,
     }
@@ -375,8 +374,12 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         Kind::Chat => obj.get("store").is_some_and(|v| v.get() == "true"),
         Kind::Responses => obj.get("store").is_none_or(|v| v.get() != "false"),
     };
-    let forwarded = obj.to_vec();
-    drop(obj);
+    let forwarded = match kind {
+        Kind::Chat => obj.to_vec_with(Some(("messages", &messages))),
+        Kind::Responses => obj.to_vec(),
+    };
+    drop(messages);
+    drop((obj, turns));
 
     let mut headers = state.upstream.headers_for_upstream(&parts.headers);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
