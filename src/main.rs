@@ -28,10 +28,6 @@ use mcp_context::{Config, ContextRequest, McpContext, Policy, ResourceId};
 #[cfg(feature = "serve")]
 use mcp_context::serve;
 
-/// mimalloc, not glibc's malloc: a fifth less CPU a proxied request (BENCHMARKS.md).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod cli_audit;
 mod cli_auth;
 mod cli_auth_login;
