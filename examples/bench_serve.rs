@@ -15,6 +15,13 @@
 //! load; latency is still timed from each request's actual send.
 //! `--clients 16` runs only the given concurrency levels (default 1,16,64).
 //!
+//! `BENCH_PROXY_WRAP` runs each proxy under a command (words split on
+//! spaces), e.g. `valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p`
+//! to count the instructions a request costs: two runs with different
+//! `--requests`, the difference divided by the requests between them
+//! (start-up and warm-up cancel out). Proxies are stopped by SIGTERM, so the
+//! tool writes its counts.
+//!
 //! ```text
 //! cargo build --release --bin mcp-context --example bench_server --example bench_serve
 //! target/release/examples/bench_serve [--requests 2000] [--rss-requests 100000] [--apis chat,messages]
@@ -187,6 +194,21 @@ fn postgres_cpu_ms() -> f64 {
         .sum()
 }
 
+/// Stops a proxy as an operator would (SIGTERM, then waits for it to drain and exit), so a tool it runs under
+/// (`BENCH_PROXY_WRAP`) writes its output; killed if it has not exited within a minute.
+async fn stop(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        // SAFETY: kill(2) has no memory-safety preconditions (a system call std lacks).
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(pid as i32, libc::SIGTERM)
+        };
+    }
+    if tokio::time::timeout(Duration::from_secs(60), child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+}
+
 /// Starts the release proxy on `yaml` (written to `config`); the child and its base URL.
 async fn start_proxy(
     exe: &std::path::Path,
@@ -195,7 +217,17 @@ async fn start_proxy(
     upstream: &str,
 ) -> (tokio::process::Child, String) {
     std::fs::write(config, yaml).unwrap();
-    let mut child = tokio::process::Command::new(exe)
+    let wrap: Vec<String> =
+        std::env::var("BENCH_PROXY_WRAP").map(|w| w.split_whitespace().map(String::from).collect()).unwrap_or_default();
+    let mut command = match wrap.split_first() {
+        Some((tool, args)) => {
+            let mut c = tokio::process::Command::new(tool);
+            c.args(args).arg(exe);
+            c
+        }
+        None => tokio::process::Command::new(exe),
+    };
+    let mut child = command
         .args(["serve", "--config"])
         .arg(config)
         .args(["--listen", "127.0.0.1:0", "--upstream", upstream])
@@ -214,6 +246,10 @@ async fn main() {
     let requests = flag(&args, "--requests", 2000);
     let rss_requests = flag(&args, "--rss-requests", 100_000);
     let n = flag(&args, "--n", 1000);
+    // The contents' cache lifetime: an hour, so no row pays for re-reading and re-tokenising all n resources
+    // mid-run (with the default 30 s, a run of a minute did, in whichever rows it fell; `--cache-ttl-ms 30000`
+    // puts it back).
+    let ttl = flag(&args, "--cache-ttl-ms", 3_600_000);
     let pace =
         args.iter().any(|a| a == "--pace-ms").then(|| Duration::from_millis(flag(&args, "--pace-ms", 10) as u64));
     let levels: Vec<usize> = args
@@ -259,7 +295,7 @@ async fn main() {
     let dir = std::env::temp_dir().join(format!("bench-serve-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let base_yaml = format!(
-        "servers:\n  bench:\n    command: {server:?}\n    args: [\"--n\", \"{n}\", \"--size\", \"2048\"]\n    timeout_ms: 60000\n\
+        "servers:\n  bench:\n    command: {server:?}\n    args: [\"--n\", \"{n}\", \"--size\", \"2048\"]\n    timeout_ms: 60000\n    cache_ttl_ms: {ttl}\n\
          context:\n  max_tokens: 8000\nserve:\n  anonymous_user: bench\n  max_concurrent_upstream: 1024\n\
          \x20 anthropic:\n    upstream: {direct_base}\n"
     );
@@ -368,7 +404,7 @@ async fn main() {
         for l in metrics.lines().filter(|l| l.starts_with("mcp_context_audit_records_total")) {
             println!("{l}");
         }
-        let _ = audit_child.kill().await;
+        stop(&mut audit_child).await;
         if traces {
             println!("OTLP exports received: {}", EXPORTS.load(std::sync::atomic::Ordering::Relaxed));
         }
@@ -394,11 +430,6 @@ async fn main() {
             text.join(", ")
         );
     }
-    // SAFETY: kill(2) has no memory-safety preconditions (a system call std lacks).
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::kill(pid as i32, libc::SIGTERM)
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(15), child.wait()).await;
+    stop(&mut child).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
