@@ -52,10 +52,15 @@ mod on {
         if !cx.span().span_context().is_valid() {
             return span.with_subscriber(|(id, dispatch)| super::gate::unsampled_context(dispatch, id)).flatten();
         }
-        // What `TraceContextPropagator::inject_context` writes, without its map of header names.
-        let sc = cx.span().span_context().clone();
+        Some(of(cx.span().span_context()))
+    }
+
+    /// What `TraceContextPropagator::inject_context` writes for `sc`, without its map of header names: the
+    /// `traceparent` with only the sampled flag, and the trace state as parsed (so a `tracestate` that was not
+    /// W3C's, too many entries or bad keys, is not passed on as written).
+    fn of(sc: &opentelemetry::trace::SpanContext) -> TraceContext {
         let state = sc.trace_state().header();
-        Some(TraceContext {
+        TraceContext {
             traceparent: format!(
                 "00-{}-{}-{:02x}",
                 sc.trace_id(),
@@ -63,7 +68,7 @@ mod on {
                 (sc.trace_flags() & TraceFlags::SAMPLED).to_u8()
             ),
             tracestate: (!state.is_empty()).then_some(state),
-        })
+        }
     }
 
     /// Opens a request's span (by `open`) in the caller's trace when
@@ -81,18 +86,8 @@ mod on {
         if !caller.is_valid() {
             return open();
         }
-        // Passed on as parsed, as for a kept trace: a `tracestate` that is not W3C's (too many entries, bad keys)
-        // is dropped rather than relayed as the caller wrote it.
-        let state = caller.trace_state().header();
-        let context = TraceContext {
-            traceparent: format!(
-                "00-{}-{}-{:02x}",
-                caller.trace_id(),
-                caller.span_id(),
-                (caller.trace_flags() & TraceFlags::SAMPLED).to_u8()
-            ),
-            tracestate: (!state.is_empty()).then_some(state),
-        };
+        // Passed on as parsed, as for a kept trace.
+        let context = of(&caller);
         let span = super::gate::with_caller(caller.is_sampled(), context, open);
         if caller.is_sampled() && !span.is_disabled() {
             let _ = span.set_parent(cx);

@@ -262,42 +262,32 @@ async fn sampling_follows_the_ratio_and_the_callers_decision() {
     assert!(metas.iter().all(|(t, _, f)| *t == unsampled && f == "00"), "one unsampled trace downstream: {metas:?}");
 
     const OTHER: &str = "0af7651916cd43dd8448eb211c80319c";
-    let resp = proxy
-        .post("/v1/chat/completions", Some("key-bob"), &chat_body("unsampled by the caller"))
-        .header("traceparent", format!("00-{OTHER}-b7ad6b7169203331-00"))
-        .header("tracestate", "vendor=caller")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let _ = resp.bytes().await.unwrap();
+    traced(&proxy, "unsampled by the caller", &format!("00-{OTHER}-b7ad6b7169203331-00"), Some("vendor=caller")).await;
     let seen = &up.seen()[1].headers;
     assert_eq!(seen["traceparent"], format!("00-{OTHER}-b7ad6b7169203331-00"), "passed on as it came");
     assert_eq!(seen["tracestate"], "vendor=caller");
     // A trace state that is not W3C's is not relayed as the caller wrote it.
-    let resp = proxy
-        .post("/v1/chat/completions", Some("key-bob"), &chat_body("forged trace state"))
-        .header("traceparent", format!("00-{OTHER}-b7ad6b7169203331-00"))
-        .header("tracestate", "=x,{}=\"injected\",a=b=c")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let _ = resp.bytes().await.unwrap();
+    traced(&proxy, "forged trace state", &format!("00-{OTHER}-b7ad6b7169203331-00"), Some("=x,{}=\"injected\",a=b=c"))
+        .await;
     assert!(!up.seen()[2].headers.contains_key("tracestate"), "{:?}", up.seen()[2].headers);
 
-    let resp = proxy
-        .post("/v1/chat/completions", Some("key-bob"), &chat_body("sampled by the caller"))
-        .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let _ = resp.bytes().await.unwrap();
+    traced(&proxy, "sampled by the caller", &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"), None).await;
     receiver.wait(CALLER_TRACE, |s| s.iter().any(|x| x["parent_span_id"] == CALLER_SPAN)).await;
     let spans = receiver.spans();
     assert!(spans.iter().all(|s| s["trace_id"] != unsampled.as_str()), "nothing of the unsampled trace");
     assert!(spans.iter().all(|s| s["trace_id"] != OTHER), "nothing of the caller's unsampled trace");
+}
+
+/// One chat request of bob's carrying the caller's `traceparent` (and `tracestate`), answered 200.
+async fn traced(proxy: &Proxy, question: &str, traceparent: &str, tracestate: Option<&str>) {
+    let mut req = proxy.post("/v1/chat/completions", Some("key-bob"), &chat_body(question));
+    req = req.header("traceparent", traceparent);
+    if let Some(state) = tracestate {
+        req = req.header("tracestate", state);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = resp.bytes().await.unwrap();
 }
 
 /// `sample_ratio: 0.5` keeps about half of the new traces, decided once per
