@@ -29,16 +29,18 @@ fn log_layer<S>(verbose: u8, format: LogFormat) -> impl tracing_subscriber::Laye
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
+    use mcp_context::telemetry::Unpolled;
     use tracing_subscriber::Layer;
     if format == LogFormat::Json {
         let layer = tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(true);
-        return layer.with_writer(std::io::stderr).boxed().with_filter(log_filter(verbose));
+        return Unpolled(layer.with_writer(std::io::stderr).boxed().with_filter(log_filter(verbose))).boxed();
     }
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
     let layer = layer.with_ansi(colour_on_stderr());
     // Without -v only warnings show: a timestamp is noise next to `warning:` lines.
     let layer = if verbose == 0 { layer.without_time().boxed() } else { layer.boxed() };
-    layer.with_filter(log_filter(verbose))
+    // Neither formatter writes span events, so neither needs to hear of each poll.
+    Unpolled(layer.with_filter(log_filter(verbose))).boxed()
 }
 
 /// Logs only: what a config load may warn about, before the config says

@@ -93,7 +93,7 @@ pub use id::ResourceId;
 pub use mode::{MessageRole, SelectMode};
 pub use policy::Policy;
 pub use report::{
-    ChunkReport, ExcludeReason, Excluded, Exclusions, Included, Report, ServerFailure, ServerProtocol,
+    ChunkReport, ExcludeReason, Excluded, Exclusions, Included, Inclusions, Report, ServerFailure, ServerProtocol,
     SharedCacheReport, SharedCacheStatus, Timings, UpstreamAuth,
 };
 pub use resource::{ContentPart, Contents, Resource};

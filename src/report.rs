@@ -25,31 +25,90 @@ pub struct ChunkReport {
     pub score: f64,
 }
 
+/// The resources in a [`Report`]'s message, in message order: a list (it
+/// dereferences to `[Included]`, and serializes as one), shared like
+/// [`Exclusions`], so the warm path's copy of a remembered report copies
+/// no entry.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Inclusions(Arc<Vec<Included>>);
+
+impl std::ops::Deref for Inclusions {
+    type Target = [Included];
+    fn deref(&self) -> &[Included] {
+        &self.0
+    }
+}
+
+impl From<Vec<Included>> for Inclusions {
+    fn from(v: Vec<Included>) -> Self {
+        Inclusions(Arc::new(v))
+    }
+}
+
+impl FromIterator<Included> for Inclusions {
+    fn from_iter<I: IntoIterator<Item = Included>>(iter: I) -> Self {
+        Self::from(iter.into_iter().collect::<Vec<_>>())
+    }
+}
+
+impl<'a> IntoIterator for &'a Inclusions {
+    type Item = &'a Included;
+    type IntoIter = std::slice::Iter<'a, Included>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
 /// The resources a [`Report`] left out: a list (it dereferences to
 /// `[Excluded]`, and serializes as one). Shared: an unchanged request hands
 /// out the list remembered with its message instead of copying it (with a
 /// thousand visible resources and a small budget it is most of the report),
-/// so cloning a report is cheap.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[serde(transparent)]
-pub struct Exclusions(Arc<Vec<Excluded>>);
+/// so cloning a report is cheap. The count for each reason is kept with the
+/// list, so the proxy's header, metrics and audit record do not walk a
+/// thousand entries a request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Exclusions(Arc<ExclusionList>);
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ExclusionList {
+    items: Vec<Excluded>,
+    /// By [`ExcludeReason::index`].
+    counts: [usize; ExcludeReason::COUNT],
+}
+
+impl ExclusionList {
+    fn of(items: Vec<Excluded>) -> Self {
+        let mut counts = [0; ExcludeReason::COUNT];
+        for e in &items {
+            counts[e.reason.index()] += 1;
+        }
+        Self { items, counts }
+    }
+}
+
+impl Serialize for Exclusions {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.items.serialize(s)
+    }
+}
 
 impl std::ops::Deref for Exclusions {
     type Target = [Excluded];
     fn deref(&self) -> &[Excluded] {
-        &self.0
+        &self.0.items
     }
 }
 
 impl From<Vec<Excluded>> for Exclusions {
     fn from(v: Vec<Excluded>) -> Self {
-        Exclusions(Arc::new(v))
+        Exclusions(Arc::new(ExclusionList::of(v)))
     }
 }
 
 impl FromIterator<Excluded> for Exclusions {
     fn from_iter<I: IntoIterator<Item = Excluded>>(iter: I) -> Self {
-        Exclusions(Arc::new(iter.into_iter().collect()))
+        Self::from(iter.into_iter().collect::<Vec<_>>())
     }
 }
 
@@ -57,15 +116,22 @@ impl<'a> IntoIterator for &'a Exclusions {
     type Item = &'a Excluded;
     type IntoIter = std::slice::Iter<'a, Excluded>;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
+        self.0.items.iter()
     }
 }
 
 impl Exclusions {
+    /// How many were left out for `reason`.
+    pub fn count(&self, reason: ExcludeReason) -> usize {
+        self.0.counts[reason.index()]
+    }
+
     /// Adds one (copying the list only if it is shared).
     #[cfg(test)]
     pub(crate) fn push(&mut self, e: Excluded) {
-        Arc::make_mut(&mut self.0).push(e);
+        let list = Arc::make_mut(&mut self.0);
+        list.counts[e.reason.index()] += 1;
+        list.items.push(e);
     }
 }
 
@@ -149,6 +215,29 @@ pub enum ExcludeReason {
     /// policy include, or spelled so that a server could read something
     /// else (see [`admit`](crate::access::admit)). It was never read.
     NotFound,
+}
+
+impl ExcludeReason {
+    /// Every reason, in [`Self::index`] order.
+    pub(crate) const ALL: [ExcludeReason; 5] = [
+        ExcludeReason::Denied,
+        ExcludeReason::Audience,
+        ExcludeReason::Budget,
+        ExcludeReason::Error,
+        ExcludeReason::NotFound,
+    ];
+    const COUNT: usize = Self::ALL.len();
+
+    /// Its place among [`Self::COUNT`].
+    fn index(self) -> usize {
+        match self {
+            ExcludeReason::Denied => 0,
+            ExcludeReason::Audience => 1,
+            ExcludeReason::Budget => 2,
+            ExcludeReason::Error => 3,
+            ExcludeReason::NotFound => 4,
+        }
+    }
 }
 
 impl fmt::Display for ExcludeReason {
@@ -261,7 +350,7 @@ pub struct Report {
     /// Exact token count of the message content (0 when nothing is injected).
     pub tokens: usize,
     /// In the message, in message order.
-    pub included: Vec<Included>,
+    pub included: Inclusions,
     /// Left out, with the reason for each.
     pub excluded: Exclusions,
     /// Servers that could not be used, or whose listing is incomplete.
@@ -320,8 +409,11 @@ impl Report {
             total_ms = self.timings.total_ms,
             "context built"
         );
-        for e in self.excluded.iter() {
-            tracing::debug!(id = %e.id, reason = %e.reason, detail = e.detail.as_deref().unwrap_or(""), "excluded");
+        // Asked once, not for each of a thousand entries.
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            for e in self.excluded.iter() {
+                tracing::debug!(id = %e.id, reason = %e.reason, detail = e.detail.as_deref().unwrap_or(""), "excluded");
+            }
         }
         for f in &self.failed_servers {
             // The failure is in the report that the caller shows; a warning

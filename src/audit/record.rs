@@ -116,21 +116,19 @@ impl AuditRecord {
         origin: Origin,
         denied_ids: bool,
     ) -> Self {
-        // Counted by reason first (a handful), named once each: a report
-        // leaves out hundreds of resources, and a name made per exclusion was
-        // most of the record's cost.
-        let mut counts: Vec<(ExcludeReason, usize)> = Vec::new();
-        let mut denied = Vec::new();
-        for e in report.excluded.iter() {
-            match counts.iter_mut().find(|(r, _)| *r == e.reason) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((e.reason, 1)),
+        // The list keeps its counts by reason: a report leaves out hundreds of resources.
+        let excluded = ExcludeReason::ALL
+            .iter()
+            .map(|&r| (r, report.excluded.count(r)))
+            .filter(|&(_, n)| n > 0)
+            .map(|(r, n)| (r.to_string(), n))
+            .collect();
+        let denied = match denied_ids && report.excluded.count(ExcludeReason::Denied) > 0 {
+            true => {
+                report.excluded.iter().filter(|e| e.reason == ExcludeReason::Denied).map(|e| e.id.clone()).collect()
             }
-            if denied_ids && e.reason == ExcludeReason::Denied {
-                denied.push(e.id.clone());
-            }
-        }
-        let excluded = counts.into_iter().map(|(r, n)| (r.to_string(), n)).collect();
+            false => Vec::new(),
+        };
         AuditRecord {
             at: now_rfc3339(),
             request_id: origin.request_id,

@@ -422,13 +422,15 @@ impl McpContext {
         query: Option<Query>,
     ) -> Result<(Option<ContextMessage>, Report)> {
         let query = req.query.as_deref().map(Query::text).or(query);
-        let span = tracing::info_span!(
-            "mcp_context.inject",
-            user = ?req.user,
-            warm = tracing::field::Empty,
-            included = tracing::field::Empty,
-            tokens = tracing::field::Empty,
-        );
+        let span = crate::telemetry::child_span(|| {
+            tracing::info_span!(
+                "mcp_context.inject",
+                user = ?req.user,
+                warm = tracing::field::Empty,
+                included = tracing::field::Empty,
+                tokens = tracing::field::Empty,
+            )
+        });
         let built = tracing::Instrument::instrument(self.run(req, query), span.clone()).await;
         if let Ok((_, report)) = &built {
             // OpenTelemetry takes signed integers (an unsigned one would become text).
@@ -473,6 +475,7 @@ impl McpContext {
     }
 
     async fn run(&self, req: &ContextRequest, query: Option<Query>) -> Result<(Option<ContextMessage>, Report)> {
+        use crate::telemetry::child_span as child;
         use tracing::{Instrument, info_span};
         let run = Run::start(self, req, query);
         if let Some(answer) = run.warm() {
@@ -481,18 +484,20 @@ impl McpContext {
         }
         tracing::Span::current().record("warm", false);
         let prepared = run.prepare().await?;
-        let selection = info_span!("mcp_context.select").in_scope(|| run.select(&prepared));
+        let selection = child(|| info_span!("mcp_context.select")).in_scope(|| run.select(&prepared));
         let t_select = run.elapsed();
-        let span = info_span!(
-            "mcp_context.read",
-            resources = selection.resources.len() as i64,
-            cache_hits = tracing::field::Empty
-        );
+        let span = child(|| {
+            info_span!(
+                "mcp_context.read",
+                resources = selection.resources.len() as i64,
+                cache_hits = tracing::field::Empty
+            )
+        });
         let reads = run.read(&prepared, &selection).instrument(span.clone()).await;
         span.record("cache_hits", reads.hits() as i64);
         let t_read = run.elapsed();
         let (composed, derived) =
-            run.compose(&prepared, &selection, &reads).instrument(info_span!("mcp_context.compose")).await?;
+            run.compose(&prepared, &selection, &reads).instrument(child(|| info_span!("mcp_context.compose"))).await?;
         Ok(run.finish(prepared, &selection, reads, (&composed, derived), (t_select, t_read)))
     }
 

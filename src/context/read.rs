@@ -50,8 +50,9 @@ pub(super) async fn read_within_deadline(
                 // cache's answer or the server's (`mcp.read`, with the MCP
                 // request's `_meta` carrying its trace context).
                 let id = &selected[i].id;
-                let span =
-                    tracing::info_span!("mcp.read", server = %id.server, uri = %id.uri, cache = tracing::field::Empty);
+                let span = crate::telemetry::child_span(|| {
+                    tracing::info_span!("mcp.read", server = %id.server, uri = %id.uri, cache = tracing::field::Empty)
+                });
                 tracing::Instrument::instrument(
                     async move {
                         // A per-user server's resource is read through the user's own view

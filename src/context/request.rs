@@ -327,7 +327,7 @@ impl<'a> Run<'a> {
             mode: any_read.then_some(composed.mode),
             budget: p.budget,
             tokens: composed.tokens,
-            included,
+            included: included.into(),
             excluded: excluded.into(),
             failed_servers: p.failed_servers,
             servers: p.servers,

@@ -199,7 +199,8 @@ impl Metrics {
         for a in &report.auth {
             self.upstream_auth.get_or_create(&vec![("server", a.server.clone()), ("state", a.state.clone())]).inc();
         }
-        for e in report.excluded.iter().filter(|e| e.reason == ExcludeReason::Error) {
+        let errors = report.excluded.count(ExcludeReason::Error);
+        for e in report.excluded.iter().filter(|e| e.reason == ExcludeReason::Error).take(errors) {
             let server = e.id.split_once(':').map_or(e.id.as_str(), |(s, _)| s);
             self.read_errors.get_or_create(&vec![("server", server.to_owned())]).inc();
         }

@@ -277,7 +277,7 @@ fn json_content_type(req: &Request, route: &Route) -> Result<(), ApiError> {
 /// `serve.jwt`), and the body budgets that caller draws on; in the span
 /// `mcp_context.identity`.
 async fn caller<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<(FromHeaders, Vec<&'a Budget>), ApiError> {
-    let span = tracing::info_span!("mcp_context.identity");
+    let span = crate::telemetry::child_span(|| tracing::info_span!("mcp_context.identity"));
     let verified = identity::verified(state.jwt.as_ref(), headers, |r| state.metrics.auth_failure(r));
     let who = match tracing::Instrument::instrument(verified, span.clone()).await? {
         Some(id) => FromHeaders::User(id),

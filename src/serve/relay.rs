@@ -151,18 +151,20 @@ impl Upstream {
             ["embeddings"] => "embeddings",
             _ => "http",
         };
-        let span = tracing::info_span!(
-            "mcp_context.upstream",
-            otel.name = operation,
-            otel.kind = "client",
-            http.request.method = %out.method,
-            url.path = %out.path.join("/"),
-            gen_ai.operation.name = operation,
-            gen_ai.response.model = tracing::field::Empty,
-            gen_ai.usage.input_tokens = tracing::field::Empty,
-            gen_ai.usage.output_tokens = tracing::field::Empty,
-            http.response.status_code = tracing::field::Empty,
-        );
+        let span = crate::telemetry::child_span(|| {
+            tracing::info_span!(
+                "mcp_context.upstream",
+                otel.name = operation,
+                otel.kind = "client",
+                http.request.method = %out.method,
+                url.path = %out.path.join("/"),
+                gen_ai.operation.name = operation,
+                gen_ai.response.model = tracing::field::Empty,
+                gen_ai.usage.input_tokens = tracing::field::Empty,
+                gen_ai.usage.output_tokens = tracing::field::Empty,
+                http.response.status_code = tracing::field::Empty,
+            )
+        });
         let traced = span.in_scope(crate::telemetry::current);
         if let Some(trace) = &traced {
             out.headers.remove("tracestate");

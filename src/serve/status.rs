@@ -17,7 +17,7 @@ use crate::{ExcludeReason, Report};
 pub(super) fn compact_report(r: &Report) -> String {
     let user: String =
         r.user.chars().map(|c| if c.is_ascii_graphic() && c != ';' && c != '"' { c } else { '_' }).collect();
-    let count = |reason: ExcludeReason| r.excluded.iter().filter(|e| e.reason == reason).count();
+    let count = |reason: ExcludeReason| r.excluded.count(reason);
     let clean = |s: &str| -> String {
         s.chars().map(|c| if c.is_ascii_graphic() && !matches!(c, ';' | '"' | ',') { c } else { '_' }).collect()
     };

@@ -80,7 +80,7 @@ where
         .with_threads(false)
         .with_location(false)
         .with_context_activation(false);
-    let layer = super::gate::Gate::new::<S>(layer, settings.sample_ratio).with_filter(filter);
+    let layer = super::Unpolled(super::gate::Gate::new::<S>(layer, settings.sample_ratio).with_filter(filter));
     Ok((layer, Telemetry { provider }))
 }
 

@@ -81,13 +81,26 @@ pub(super) fn with_caller<T>(sampled: bool, context: TraceContext, open: impl Fn
 /// kept; `None` when it is kept (the OpenTelemetry layer has its context),
 /// or when the subscriber has no gate.
 pub(super) fn unsampled_context(dispatch: &Dispatch, id: &span::Id) -> Option<TraceContext> {
+    match decision(dispatch, id)? {
+        Decision::Sampled => None,
+        Decision::Unsampled(downstream) => Some(downstream.context()),
+    }
+}
+
+/// Whether the span `id` belongs to a trace the gate decided not to keep
+/// (false when it is kept, or when the subscriber has no gate).
+pub(super) fn unkept(dispatch: &Dispatch, id: &span::Id) -> bool {
+    matches!(decision(dispatch, id), Some(Decision::Unsampled(_)))
+}
+
+fn decision(dispatch: &Dispatch, id: &span::Id) -> Option<Decision> {
     let find = dispatch.downcast_ref::<FindDecision>()?;
     (find.0)(dispatch, id)
 }
 
-/// How [`unsampled_context`] reaches the registry through a type-erased
-/// `Dispatch` (the way `tracing-opentelemetry` reaches its own data).
-struct FindDecision(fn(&Dispatch, &span::Id) -> Option<TraceContext>);
+/// How [`decision`] reaches the registry through a type-erased `Dispatch`
+/// (the way `tracing-opentelemetry` reaches its own data).
+struct FindDecision(fn(&Dispatch, &span::Id) -> Option<Decision>);
 
 /// The gate: `inner` sees only the spans, and the events in spans, of traces kept.
 pub(super) struct Gate<L> {
@@ -125,7 +138,7 @@ impl<L> Gate<L> {
     }
 }
 
-fn find<S>(dispatch: &Dispatch, id: &span::Id) -> Option<TraceContext>
+fn find<S>(dispatch: &Dispatch, id: &span::Id) -> Option<Decision>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
@@ -133,10 +146,7 @@ where
     // The nearest span with a decision: the current span may be one the gate's filter left out (a `debug` one).
     for span in subscriber.span(id)?.scope() {
         if let Some(decision) = span.extensions().get::<Decision>() {
-            return match decision {
-                Decision::Sampled => None,
-                Decision::Unsampled(downstream) => Some(downstream.context()),
-            };
+            return Some(decision.clone());
         }
     }
     None

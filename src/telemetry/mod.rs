@@ -55,6 +55,11 @@ mod on {
         Some(of(cx.span().span_context()))
     }
 
+    /// Whether the current span is in a trace the sampling gate decided not to keep.
+    pub(crate) fn unkept() -> bool {
+        tracing::Span::current().with_subscriber(|(id, dispatch)| super::gate::unkept(dispatch, id)).unwrap_or(false)
+    }
+
     /// What `TraceContextPropagator::inject_context` writes for `sc`, without its map of header names: the
     /// `traceparent` with only the sampled flag, and the trace state as parsed (so a `tracestate` that was not
     /// W3C's, too many entries or bad keys, is not passed on as written).
@@ -98,6 +103,21 @@ mod on {
 
 #[cfg(feature = "otel")]
 pub(crate) use on::current;
+
+/// A span below a request's (by `open`), or none when the request's trace
+/// is not kept: such a span would never be exported, and each one costs
+/// its creation and a lookup on every poll. A trace not kept still passes
+/// its W3C context downstream (the nearest span's, see `gate.rs`); with
+/// `-v` logs, lines inside such a request name only its request span (the
+/// request and trace ids are on it). Without the CLI's exporter (an
+/// application's own OpenTelemetry layer, or none) every span is made.
+pub(crate) fn child_span(open: impl FnOnce() -> tracing::Span) -> tracing::Span {
+    #[cfg(feature = "otel")]
+    if on::unkept() {
+        return tracing::Span::none();
+    }
+    open()
+}
 #[cfg(all(feature = "otel", feature = "serve"))]
 pub(crate) use on::request_span;
 
@@ -119,3 +139,7 @@ mod export;
 mod gate;
 #[cfg(all(feature = "otel", feature = "cli"))]
 pub use export::{Telemetry, otlp_layer};
+#[cfg(feature = "cli")]
+mod unpolled;
+#[cfg(feature = "cli")]
+pub use unpolled::Unpolled;
