@@ -38,13 +38,14 @@ impl PartialEq for ContextMessage {
 /// audit record (hashing it, more than the rest of the record).
 #[derive(Debug, Default)]
 pub(crate) struct MessageDerived {
-    forms: [std::sync::OnceLock<Box<serde_json::value::RawValue>>; MessageForm::COUNT],
+    #[cfg(feature = "serve")]
+    forms: [std::sync::OnceLock<axum::body::Bytes>; MessageForm::COUNT],
     audited: std::sync::OnceLock<Arc<[crate::audit::AuditResource]>>,
 }
 
 /// The JSON forms a message is sent in, each made once per message.
+#[cfg(feature = "serve")]
 #[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(feature = "serve"), allow(dead_code))]
 pub(crate) enum MessageForm {
     /// A chat message `{"role", "content", "name"}`.
     Chat,
@@ -56,24 +57,27 @@ pub(crate) enum MessageForm {
     SystemBlockCachedHour,
 }
 
+#[cfg(feature = "serve")]
 impl MessageForm {
     const COUNT: usize = 4;
 }
 
 impl ContextMessage {
-    /// The message as `form`, made by `make` the first time it is asked for.
-    #[cfg_attr(not(feature = "serve"), allow(dead_code))]
+    /// The message as `form` (JSON), made by `make` the first time it is
+    /// asked for, then shared: every request that sends it puts these very
+    /// bytes in its body (a reference, not a copy).
+    #[cfg(feature = "serve")]
     pub(crate) fn json_form(
         &self,
         form: MessageForm,
-        make: impl FnOnce(&ContextMessage) -> Box<serde_json::value::RawValue>,
-    ) -> &serde_json::value::RawValue {
-        self.derived.forms[form as usize].get_or_init(|| make(self))
+        make: impl FnOnce(&ContextMessage) -> Vec<u8>,
+    ) -> axum::body::Bytes {
+        self.derived.forms[form as usize].get_or_init(|| make(self).into()).clone()
     }
 
     /// The chat message `{"role", "content", "name"}` as JSON, made once.
     #[cfg(feature = "serve")]
-    pub(crate) fn chat_json(&self) -> &serde_json::value::RawValue {
+    pub(crate) fn chat_json(&self) -> axum::body::Bytes {
         self.json_form(MessageForm::Chat, |m| {
             /// Our message, its fields in the order chat messages are usually written.
             #[derive(serde::Serialize)]
@@ -83,7 +87,7 @@ impl ContextMessage {
                 name: &'a str,
             }
             let ours = Ours { role: m.role, content: &m.content, name: crate::inject::MESSAGE_NAME };
-            serde_json::value::to_raw_value(&ours).expect("a struct of strings is JSON")
+            serde_json::to_vec(&ours).expect("a struct of strings is JSON")
         })
     }
 

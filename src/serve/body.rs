@@ -176,44 +176,128 @@ impl JsonObject {
 
     /// The body to send: every field in its place, the untouched ones byte for byte.
     pub(super) fn to_vec(&self) -> Vec<u8> {
-        self.to_vec_with(None)
+        let mut out =
+            Vec::with_capacity(self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>() + 2);
+        self.write(None, &mut |piece| match piece {
+            Piece::Raw(b) => out.extend_from_slice(b),
+            Piece::Shared(b) => out.extend_from_slice(&b),
+        });
+        out
     }
 
-    /// The body to send, with `array`'s field (in its place, else last) the
-    /// JSON array of those elements, written straight into the body: the
-    /// injected message (tens of KB) is copied once, not once into an array
-    /// value and again into the body.
-    pub(super) fn to_vec_with(&self, array: Option<(&str, &[&RawValue])>) -> Vec<u8> {
-        let mut len: usize = self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum();
-        len += array.map_or(0, |(k, items)| k.len() + 6 + items.iter().map(|v| v.get().len() + 1).sum::<usize>());
-        let mut out = Vec::with_capacity(len + 2);
-        out.push(b'{');
-        let placed = array.is_some_and(|(key, _)| self.fields.iter().any(|(k, _)| k == key));
-        let last = array.filter(|_| !placed).map(|(k, _)| (k, None));
+    /// The body to send, with `key`'s field (in its place, else last) the
+    /// JSON array of `items`, as chunks: a shared item (the injected
+    /// message, tens of KB, the same bytes for every request of a
+    /// composition) is not copied at all, the rest is copied once.
+    pub(super) fn to_chunks_with(&self, key: &str, items: Vec<Item<'_>>) -> Chunks {
+        let mut chunks = Vec::with_capacity(3);
+        let mut cur: Vec<u8> = Vec::with_capacity(self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum());
+        self.write(Some((key, items)), &mut |piece| match piece {
+            Piece::Raw(b) => cur.extend_from_slice(b),
+            Piece::Shared(b) => {
+                chunks.push(Bytes::from(std::mem::take(&mut cur)));
+                chunks.push(b);
+            }
+        });
+        chunks.push(Bytes::from(cur));
+        Chunks::new(chunks)
+    }
+
+    /// Writes the object, `array`'s field the JSON array of its items.
+    fn write(&self, array: Option<(&str, Vec<Item<'_>>)>, out: &mut impl FnMut(Piece<'_>)) {
+        out(Piece::Raw(b"{"));
+        let placed = array.as_ref().is_some_and(|(key, ..)| self.fields.iter().any(|(k, _)| k == key));
+        let last = array.as_ref().filter(|_| !placed).map(|(k, ..)| (*k, None));
         let fields = self.fields.iter().map(|(k, v)| (k.as_str(), Some(&**v))).chain(last);
+        let mut array = array;
         for (i, (k, v)) in fields.enumerate() {
             if i > 0 {
-                out.push(b',');
+                out(Piece::Raw(b","));
             }
-            // Writing a string into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut out, k);
-            out.push(b':');
-            match (array.filter(|(key, _)| *key == k), v) {
-                (Some((_, items)), _) => {
-                    out.push(b'[');
-                    for (i, v) in items.iter().enumerate() {
+            if k.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+                out(Piece::Raw(b"\""));
+                out(Piece::Raw(k.as_bytes()));
+                out(Piece::Raw(b"\""));
+            } else {
+                // Writing a string into a Vec cannot fail.
+                out(Piece::Raw(&serde_json::to_vec(k).unwrap_or_default()));
+            }
+            out(Piece::Raw(b":"));
+            match array.take_if(|(key, ..)| *key == k) {
+                Some((_, items)) => {
+                    out(Piece::Raw(b"["));
+                    for (i, item) in items.into_iter().enumerate() {
                         if i > 0 {
-                            out.push(b',');
+                            out(Piece::Raw(b","));
                         }
-                        out.extend_from_slice(v.get().as_bytes());
+                        match item {
+                            Item::Raw(v) => out(Piece::Raw(v.get().as_bytes())),
+                            Item::Shared(b) => out(Piece::Shared(b)),
+                        }
                     }
-                    out.push(b']');
+                    out(Piece::Raw(b"]"));
                 }
-                (None, v) => out.extend_from_slice(v.map_or("null", RawValue::get).as_bytes()),
+                None => out(Piece::Raw(v.map_or("null", RawValue::get).as_bytes())),
             }
         }
-        out.push(b'}');
-        out
+        out(Piece::Raw(b"}"));
+    }
+}
+
+/// An item of an array written into a body: JSON to copy, or JSON to share.
+pub(super) enum Item<'a> {
+    Raw(&'a RawValue),
+    Shared(Bytes),
+}
+
+/// A piece of a body being written: bytes to copy, or bytes to share.
+enum Piece<'a> {
+    Raw(&'a [u8]),
+    Shared(Bytes),
+}
+
+/// A body made of chunks sent one after another, its length known (so it
+/// goes with a `Content-Length`, not chunked).
+pub(super) struct Chunks {
+    chunks: std::collections::VecDeque<Bytes>,
+    left: u64,
+}
+
+impl Chunks {
+    fn new(chunks: Vec<Bytes>) -> Self {
+        let chunks: std::collections::VecDeque<Bytes> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
+        let left = chunks.iter().map(|c| c.len() as u64).sum();
+        Chunks { chunks, left }
+    }
+
+    /// The body as one piece (tests, and what a reader would see).
+    #[cfg(test)]
+    pub(super) fn concat(&self) -> Vec<u8> {
+        self.chunks.iter().flat_map(|c| c.iter().copied()).collect()
+    }
+}
+
+impl hyper::body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let next = self.chunks.pop_front();
+        if let Some(c) = &next {
+            self.left -= c.len() as u64;
+        }
+        std::task::Poll::Ready(next.map(|c| Ok(hyper::body::Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.left)
     }
 }
 
@@ -262,19 +346,34 @@ mod tests {
     }
 
     #[test]
-    fn an_array_is_written_in_its_fields_place_or_last() {
+    fn an_array_is_written_in_its_fields_place_or_last_its_first_item_shared() {
         let ours = raw(&serde_json::json!({"role": "system", "content": "a \"quoted\" line"}));
+        let shared = Bytes::copy_from_slice(ours.get().as_bytes());
         let turn = raw(&serde_json::json!({"role": "user", "content": "hi"}));
-        let items = [&*ours, &*turn];
+        let sent = |o: &JsonObject, first: Option<Bytes>, rest: &[&RawValue]| {
+            let items = first.map(Item::Shared).into_iter().chain(rest.iter().map(|r| Item::Raw(r))).collect();
+            let chunks = o.to_chunks_with("messages", items);
+            let body = chunks.concat();
+            assert_eq!(hyper::body::Body::size_hint(&chunks).exact(), Some(body.len() as u64));
+            String::from_utf8(body).unwrap()
+        };
         let o = JsonObject::parse(br#"{"model":"m","messages":[{"role":"user","content":"old"}],"n":1}"#).unwrap();
-        let sent = String::from_utf8(o.to_vec_with(Some(("messages", &items)))).unwrap();
+        let chunks = o.to_chunks_with("messages", vec![Item::Raw(&turn), Item::Shared(shared.clone())]);
+        // The shared message is the very same bytes, not a copy.
+        assert!(chunks.chunks.iter().any(|c| c.as_ptr() == shared.as_ptr() && c.len() == shared.len()));
+        let last = format!(r#"{{"model":"m","messages":[{},{}],"n":1}}"#, turn.get(), ours.get());
+        assert_eq!(String::from_utf8(chunks.concat()).unwrap(), last);
         let want = format!(r#"{{"model":"m","messages":[{},{}],"n":1}}"#, ours.get(), turn.get());
-        assert_eq!(sent, want);
+        assert_eq!(sent(&o, Some(shared.clone()), &[&turn]), want);
         let o = JsonObject::parse(br#"{"model":"m"}"#).unwrap();
-        let sent = String::from_utf8(o.to_vec_with(Some(("messages", &items[..1])))).unwrap();
-        assert_eq!(sent, format!(r#"{{"model":"m","messages":[{}]}}"#, ours.get()));
+        assert_eq!(sent(&o, Some(shared.clone()), &[]), format!(r#"{{"model":"m","messages":[{}]}}"#, ours.get()));
+        assert_eq!(sent(&o, None, &[&turn, &turn]), format!(r#"{{"model":"m","messages":[{0},{0}]}}"#, turn.get()));
         let o = JsonObject::parse(b"{}").unwrap();
-        assert_eq!(String::from_utf8(o.to_vec_with(Some(("messages", &[])))).unwrap(), r#"{"messages":[]}"#);
+        assert_eq!(sent(&o, None, &[]), r#"{"messages":[]}"#);
+        // A key that needs escaping is written escaped.
+        let o = JsonObject::parse(br#"{"a\"b":1}"#).unwrap();
+        assert_eq!(sent(&o, None, &[]), r#"{"a\"b":1,"messages":[]}"#);
+        assert_eq!(String::from_utf8(o.to_vec()).unwrap(), r#"{"a\"b":1}"#);
         let parsed: serde_json::Value = serde_json::from_str(&want).unwrap();
         assert_eq!(parsed["messages"][0]["content"], "a \"quoted\" line");
     }

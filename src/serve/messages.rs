@@ -24,7 +24,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::Shared;
-use super::body::{self, JsonObject, raw};
+use super::body::{self, Item, JsonObject, raw};
 use super::error::ApiError;
 use super::identity::{self, FromHeaders};
 use super::relay::{Outgoing, Upstream};
@@ -235,13 +235,14 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     };
     let ids = parts.extensions.get::<super::audit::Ids>();
     let pending = super::audit::begin(&state.ctx, ids, route, who.source, &report, message.as_ref());
-    match message.as_ref() {
-        Some(m) => {
-            // Made once per composition and breakpoint form, then copied (as the chat message is).
-            let form = context_block_form(others);
-            kept.push(m.json_form(form, |m| raw(&context_block_json(&m.content, others))).to_owned());
-            obj.set("system", raw(&kept));
-        }
+    // Ours is made once per composition and breakpoint form, and goes into the body as those very bytes (as the
+    // chat message does); the caller's kept blocks are copied once.
+    let ours = message.as_ref().map(|m| {
+        let form = context_block_form(others);
+        m.json_form(form, |m| serde_json::to_vec(&context_block_json(&m.content, others)).expect("JSON"))
+    });
+    match &ours {
+        Some(_) => {}
         None if was_string && !dropped => {}
         None if kept.is_empty() => obj.remove("system"),
         None => obj.set("system", raw(&kept)),
@@ -251,8 +252,14 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         f.after_refusals(&user, &report).await;
     }
     tracing::info!(report = %serde_json::to_string(&report).unwrap_or_default(), "injected");
-    let forwarded = obj.to_vec();
-    drop(obj);
+    let forwarded = match ours {
+        Some(ours) => {
+            let items = kept.iter().map(|b| Item::Raw(b)).chain([Item::Shared(ours)]).collect();
+            reqwest::Body::wrap(obj.to_chunks_with("system", items))
+        }
+        None => obj.to_vec().into(),
+    };
+    drop((obj, kept));
 
     let mut headers = anthropic.upstream.headers_for_upstream(&parts.headers);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -272,7 +279,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
             path: endpoint.path(),
             query: parts.uri.query(),
             headers,
-            body: forwarded.into(),
+            body: forwarded,
         })
         .await;
     pending.finish(&state.ctx, relayed.as_ref());

@@ -354,14 +354,11 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     let pending = audit::begin(&state.ctx, ids, route, who.source, &report, message.as_ref());
     let content = message.as_ref().map(|m| m.content.as_str());
     // Chat: ours first, then the caller's turns but any message of ours they carried back. Ours is made once
-    // per composition (escaping it for every request cost more than the rest of a warm request) and copied
-    // once, into the body.
+    // per composition (escaping it for every request cost more than the rest of a warm request) and goes into
+    // the body as those very bytes, not copied.
     let mut messages: Vec<&RawValue> = Vec::new();
     match kind {
-        Kind::Chat => {
-            messages.extend(message.as_ref().map(|m| m.chat_json()));
-            messages.extend(turns.iter().map(|m| &**m).filter(|m| !is_ours(m)));
-        }
+        Kind::Chat => messages.extend(turns.iter().map(|m| &**m).filter(|m| !is_ours(m))),
         Kind::Responses => set_instructions(&mut obj, content)?,
     }
     name_upstream_user(s, &mut obj, &user);
@@ -375,8 +372,12 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         Kind::Responses => obj.get("store").is_none_or(|v| v.get() != "false"),
     };
     let forwarded = match kind {
-        Kind::Chat => obj.to_vec_with(Some(("messages", &messages))),
-        Kind::Responses => obj.to_vec(),
+        Kind::Chat => {
+            let ours = message.as_ref().map(|m| body::Item::Shared(m.chat_json()));
+            let items = ours.into_iter().chain(messages.iter().map(|m| body::Item::Raw(m))).collect();
+            reqwest::Body::wrap(obj.to_chunks_with("messages", items))
+        }
+        Kind::Responses => obj.to_vec().into(),
     };
     drop(messages);
     drop((obj, turns));
@@ -394,7 +395,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     };
     let relayed = state
         .upstream
-        .send(Outgoing { method: Method::POST, path, query: parts.uri.query(), headers, body: forwarded.into() })
+        .send(Outgoing { method: Method::POST, path, query: parts.uri.query(), headers, body: forwarded })
         .await;
     pending.finish(&state.ctx, relayed.as_ref());
     let relayed = relayed?;

@@ -44,16 +44,25 @@ enum Decision {
 /// fresh random ids (written out only when something asks for them).
 enum Downstream {
     Caller(TraceContext),
-    Fresh { trace: u128, span: u64 },
+    /// Written out the first time it is asked for (the upstream's header,
+    /// the audit record, each MCP read ask again), then copied.
+    Fresh {
+        trace: u128,
+        span: u64,
+        written: std::sync::OnceLock<TraceContext>,
+    },
 }
 
 impl Downstream {
     fn context(&self) -> TraceContext {
         match self {
             Downstream::Caller(c) => c.clone(),
-            Downstream::Fresh { trace, span } => {
-                TraceContext { traceparent: format!("00-{trace:032x}-{span:016x}-00"), tracestate: None }
-            }
+            Downstream::Fresh { trace, span, written } => written
+                .get_or_init(|| TraceContext {
+                    traceparent: format!("00-{trace:032x}-{span:016x}-00"),
+                    tracestate: None,
+                })
+                .clone(),
         }
     }
 }
@@ -134,7 +143,7 @@ impl<L> Gate<L> {
         }
         // Zero is not a valid W3C id.
         let (trace, span) = (fastrand::u128(1..), fastrand::u64(1..));
-        Decision::Unsampled(Arc::new(Downstream::Fresh { trace, span }))
+        Decision::Unsampled(Arc::new(Downstream::Fresh { trace, span, written: std::sync::OnceLock::new() }))
     }
 }
 
