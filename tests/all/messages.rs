@@ -298,6 +298,9 @@ async fn messages_get_our_block_last_in_system_and_every_other_byte_as_sent() {
     assert_eq!((g.method.as_str(), g.path.as_str()), ("POST", "/v1/messages?beta=true"));
     assert_eq!(g.headers["x-api-key"], OPERATOR_KEY, "the operator's key, never the caller's");
     assert!(!g.headers.contains_key("authorization"));
+    // The body (our block shared, the rest copied around it) goes with its length, not chunked.
+    assert_eq!(g.headers.get("content-length"), Some(&g.bytes.len().to_string()), "{:?}", g.headers);
+    assert!(!g.headers.contains_key("transfer-encoding"), "{:?}", g.headers);
     assert_eq!(g.headers["anthropic-version"], "2023-06-01");
     assert_eq!(g.headers["anthropic-beta"], "claude-code-20250219,interleaved-thinking-2025-05-14");
     assert_eq!(g.headers["anthropic-dangerous-direct-browser-access"], "true");

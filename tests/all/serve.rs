@@ -31,6 +31,8 @@ pub struct Seen {
     pub path: String,
     pub headers: HashMap<String, String>,
     pub body: Value,
+    /// The body's length in bytes, as received.
+    pub len: usize,
 }
 
 #[derive(Default)]
@@ -110,6 +112,7 @@ async fn record(state: &Arc<Mutex<UpState>>, req: Request) -> Seen {
         path: parts.uri.to_string(),
         headers: parts.headers.iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned())).collect(),
         body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        len: bytes.len(),
     };
     state.lock().unwrap().seen.push(seen.clone());
     seen
@@ -455,6 +458,9 @@ async fn chat_gets_our_message_first_once_and_everything_else_unchanged() {
     assert_eq!(got.path, "/v1/chat/completions");
     assert_eq!(got.headers["authorization"], "Bearer sk-upstream-1", "the upstream key, never the caller's");
     assert!(!got.headers.contains_key("x-test-user"), "the identity header stays here");
+    // The body (our message shared, the rest copied around it) goes with its length, not chunked.
+    assert_eq!(got.headers.get("content-length"), Some(&got.len.to_string()), "{:?}", got.headers);
+    assert!(!got.headers.contains_key("transfer-encoding"), "{:?}", got.headers);
     let msgs = got.body["messages"].as_array().unwrap();
     let ours: Vec<_> = msgs.iter().filter(|m| m["name"] == "mcp_context").collect();
     assert_eq!(ours.len(), 1, "exactly one context message");
