@@ -25,6 +25,34 @@ pub struct ChunkReport {
     pub score: f64,
 }
 
+/// What both shared lists offer: a slice's view (`$slice`, of the list
+/// `$s`), collecting one, and iterating by reference.
+macro_rules! shared_list {
+    ($list:ident, $item:ident, |$s:ident| $slice:expr) => {
+        impl std::ops::Deref for $list {
+            type Target = [$item];
+            fn deref(&self) -> &[$item] {
+                let $s = self;
+                $slice
+            }
+        }
+
+        impl FromIterator<$item> for $list {
+            fn from_iter<I: IntoIterator<Item = $item>>(iter: I) -> Self {
+                Self::from(iter.into_iter().collect::<Vec<_>>())
+            }
+        }
+
+        impl<'a> IntoIterator for &'a $list {
+            type Item = &'a $item;
+            type IntoIter = std::slice::Iter<'a, $item>;
+            fn into_iter(self) -> Self::IntoIter {
+                self.iter()
+            }
+        }
+    };
+}
+
 /// The resources in a [`Report`]'s message, in message order: a list (it
 /// dereferences to `[Included]`, and serializes as one), shared like
 /// [`Exclusions`], so the warm path's copy of a remembered report copies
@@ -33,32 +61,13 @@ pub struct ChunkReport {
 #[serde(transparent)]
 pub struct Inclusions(Arc<Vec<Included>>);
 
-impl std::ops::Deref for Inclusions {
-    type Target = [Included];
-    fn deref(&self) -> &[Included] {
-        &self.0
-    }
-}
-
 impl From<Vec<Included>> for Inclusions {
     fn from(v: Vec<Included>) -> Self {
         Inclusions(Arc::new(v))
     }
 }
 
-impl FromIterator<Included> for Inclusions {
-    fn from_iter<I: IntoIterator<Item = Included>>(iter: I) -> Self {
-        Self::from(iter.into_iter().collect::<Vec<_>>())
-    }
-}
-
-impl<'a> IntoIterator for &'a Inclusions {
-    type Item = &'a Included;
-    type IntoIter = std::slice::Iter<'a, Included>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
-    }
-}
+shared_list!(Inclusions, Included, |list| &list.0);
 
 /// The resources a [`Report`] left out: a list (it dereferences to
 /// `[Excluded]`, and serializes as one). Shared: an unchanged request hands
@@ -93,32 +102,13 @@ impl Serialize for Exclusions {
     }
 }
 
-impl std::ops::Deref for Exclusions {
-    type Target = [Excluded];
-    fn deref(&self) -> &[Excluded] {
-        &self.0.items
-    }
-}
-
 impl From<Vec<Excluded>> for Exclusions {
     fn from(v: Vec<Excluded>) -> Self {
         Exclusions(Arc::new(ExclusionList::of(v)))
     }
 }
 
-impl FromIterator<Excluded> for Exclusions {
-    fn from_iter<I: IntoIterator<Item = Excluded>>(iter: I) -> Self {
-        Self::from(iter.into_iter().collect::<Vec<_>>())
-    }
-}
-
-impl<'a> IntoIterator for &'a Exclusions {
-    type Item = &'a Excluded;
-    type IntoIter = std::slice::Iter<'a, Excluded>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.items.iter()
-    }
-}
+shared_list!(Exclusions, Excluded, |list| &list.0.items);
 
 impl Exclusions {
     /// How many were left out for `reason`.
