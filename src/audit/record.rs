@@ -123,11 +123,10 @@ impl AuditRecord {
             .filter(|&(_, n)| n > 0)
             .map(|(r, n)| (r.to_string(), n))
             .collect();
-        let denied = match denied_ids && report.excluded.count(ExcludeReason::Denied) > 0 {
-            true => {
-                report.excluded.iter().filter(|e| e.reason == ExcludeReason::Denied).map(|e| e.id.clone()).collect()
-            }
-            false => Vec::new(),
+        let denied = if denied_ids && report.excluded.count(ExcludeReason::Denied) > 0 {
+            report.excluded.iter().filter(|e| e.reason == ExcludeReason::Denied).map(|e| e.id.clone()).collect()
+        } else {
+            Vec::new()
         };
         AuditRecord {
             at: now_rfc3339(),

@@ -176,8 +176,7 @@ impl JsonObject {
 
     /// The body to send: every field in its place, the untouched ones byte for byte.
     pub(super) fn to_vec(&self) -> Vec<u8> {
-        let mut out =
-            Vec::with_capacity(self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>() + 2);
+        let mut out = Vec::with_capacity(self.written_len());
         self.write(None, &mut |piece| match piece {
             Piece::Raw(b) => out.extend_from_slice(b),
             Piece::Shared(b) => out.extend_from_slice(&b),
@@ -191,7 +190,7 @@ impl JsonObject {
     /// composition) is not copied at all, the rest is copied once.
     pub(super) fn to_chunks_with(&self, key: &str, items: Vec<Item<'_>>) -> Chunks {
         let mut chunks = Vec::with_capacity(3);
-        let mut cur: Vec<u8> = Vec::with_capacity(self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum());
+        let mut cur: Vec<u8> = Vec::with_capacity(self.written_len());
         self.write(Some((key, items)), &mut |piece| match piece {
             Piece::Raw(b) => cur.extend_from_slice(b),
             Piece::Shared(b) => {
@@ -201,6 +200,11 @@ impl JsonObject {
         });
         chunks.push(Bytes::from(cur));
         Chunks::new(chunks)
+    }
+
+    /// About the bytes the fields take written out (keys, values, quotes, colon and comma; the braces).
+    fn written_len(&self) -> usize {
+        self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>() + 2
     }
 
     /// Writes the object, `array`'s field the JSON array of its items.
