@@ -80,6 +80,7 @@ mod report;
 pub mod resource;
 #[cfg(feature = "serve")]
 pub mod serve;
+mod server_process;
 pub mod telemetry;
 mod tokenize;
 pub mod tools;

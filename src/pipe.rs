@@ -27,13 +27,12 @@
 //! the wrong program entirely, is what a user needs to see when a handshake
 //! fails) and, once connected, warned about once.
 //!
-//! Layer: sources (a transport). Imports only `large`.
+//! Layer: sources (a transport). Imports only `large` and `server_process`.
 
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use process_wrap::tokio::ChildWrapper;
 use rmcp::RoleClient;
 use rmcp::model::{
     ClientJsonRpcMessage, ClientRequest, JsonRpcError, JsonRpcMessage, JsonRpcResponse, JsonRpcVersion2_0,
@@ -46,6 +45,7 @@ use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 
 use crate::large::LargeAnswer;
+use crate::server_process::ServerProcess;
 
 /// Longest line accepted from a server (the same cap as rmcp's).
 pub(crate) const MAX_LINE: usize = 16 * 1024 * 1024;
@@ -139,7 +139,8 @@ fn excerpt(line: &[u8]) -> String {
 
 /// A spawned server's pipes, as an rmcp [`Transport`].
 pub(crate) struct ChildPipe {
-    child: Option<Box<dyn ChildWrapper>>,
+    /// Waited for without being reaped (see `server_process`).
+    process: Option<Arc<ServerProcess>>,
     stdout: BufReader<ChildStdout>,
     line: Vec<u8>,
     max_line: usize,
@@ -156,20 +157,22 @@ pub(crate) struct ChildPipe {
 }
 
 impl ChildPipe {
-    /// Takes the child's stdin and stdout (both must be piped). What the
-    /// pipe notices (junk, the exit status) goes to `diag`.
-    /// An over-long read answer keeps `max_text` bytes of its text.
+    /// Takes the child's stdin and stdout (both must be piped); the child
+    /// must lead its own process group, and is kept as a [`ServerProcess`]
+    /// ([`ChildPipe::process`]). What the pipe notices (junk, the exit
+    /// status) goes to `diag`. An over-long read answer keeps `max_text`
+    /// bytes of its text.
     pub(crate) fn new(
-        mut child: Box<dyn ChildWrapper>,
+        mut child: tokio::process::Child,
         diag: Arc<Diagnostics>,
         max_text: usize,
     ) -> std::io::Result<ChildPipe> {
         let missing = |what| std::io::Error::other(format!("the child's {what} is not piped"));
-        let stdin = child.inner_mut().stdin().take().ok_or_else(|| missing("stdin"))?;
-        let stdout = child.inner_mut().stdout().take().ok_or_else(|| missing("stdout"))?;
+        let stdin = child.stdin.take().ok_or_else(|| missing("stdin"))?;
+        let stdout = child.stdout.take().ok_or_else(|| missing("stdout"))?;
         let (queue, rx) = mpsc::unbounded_channel();
         Ok(ChildPipe {
-            child: Some(child),
+            process: ServerProcess::new(child).map(Arc::new),
             stdout: BufReader::with_capacity(64 * 1024, stdout),
             line: Vec::new(),
             max_line: MAX_LINE,
@@ -182,12 +185,17 @@ impl ChildPipe {
         })
     }
 
+    /// The server process, for its owner to signal and, at the end, drop.
+    pub(crate) fn process(&self) -> Option<Arc<ServerProcess>> {
+        self.process.clone()
+    }
+
     /// The server's stdout ended: note how the process ended (it usually
     /// exits at the same moment; a process that only closed stdout is not
     /// waited for long).
     async fn note_exit(&mut self) {
-        if let Some(child) = self.child.as_mut()
-            && let Ok(Ok(status)) = tokio::time::timeout(std::time::Duration::from_millis(500), child.wait()).await
+        if let Some(process) = &self.process
+            && let Some(status) = process.wait_exit(Some(std::time::Duration::from_millis(500))).await
         {
             self.diag.lock().exit = Some(status);
         }
@@ -479,9 +487,8 @@ impl Transport<RoleClient> for ChildPipe {
         if let Some(writer) = self.writer.take() {
             let _ = writer.await;
         }
-        if let Some(child) = self.child.as_mut() {
-            child.wait().await?;
-            self.child = None;
+        if let Some(process) = &self.process {
+            process.wait_exit(None).await;
         }
         Ok(())
     }

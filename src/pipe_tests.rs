@@ -1,7 +1,6 @@
 //! Unit tests of the child-process pipe.
 
 use super::*;
-use process_wrap::tokio::{CommandWrap, KillOnDrop};
 use rmcp::model::{ClientRequest, ReadResourceRequest, ReadResourceRequestParams, ServerNotification};
 
 fn rmcp_decode(raw: &str) -> Option<ReadResourceResult> {
@@ -93,10 +92,8 @@ fn the_fast_path_knows_every_field_of_a_read_result() {
 fn scripted(lines: &str) -> ChildPipe {
     let mut cmd = tokio::process::Command::new("sh");
     cmd.arg("-c").arg(format!("cat >/dev/null & printf '{lines}'; wait"));
-    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
-    let mut wrapped = CommandWrap::from(cmd);
-    wrapped.wrap(KillOnDrop);
-    ChildPipe::new(wrapped.spawn().expect("sh"), Diagnostics::new("t"), 1 << 20).expect("pipes")
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).process_group(0);
+    ChildPipe::new(cmd.spawn().expect("sh"), Diagnostics::new("t"), 1 << 20).expect("pipes")
 }
 
 fn read_request(id: i64, uri: &str) -> ClientJsonRpcMessage {
@@ -165,10 +162,8 @@ async fn frames_lines_like_rmcp_and_skips_what_is_not_a_message() {
 async fn queued_writes_all_arrive_in_order_and_close_ends_the_child() {
     let mut cmd = tokio::process::Command::new("sh");
     cmd.arg("-c").arg("cat");
-    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
-    let mut wrapped = CommandWrap::from(cmd);
-    wrapped.wrap(KillOnDrop);
-    let mut pipe = ChildPipe::new(wrapped.spawn().expect("sh"), Diagnostics::new("t"), 1 << 20).expect("pipes");
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).process_group(0);
+    let mut pipe = ChildPipe::new(cmd.spawn().expect("sh"), Diagnostics::new("t"), 1 << 20).expect("pipes");
     let n = 2000;
     for id in 0..n {
         pipe.send(read_request(id, &format!("a://{id}"))).await.expect("queued");

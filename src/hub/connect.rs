@@ -5,8 +5,8 @@
 //! reconnection with backoff when its process ended, and the bounded
 //! shutdown (close stdin, SIGTERM the group, SIGKILL it).
 
-// Signals to a process group and the parent-death signal are system calls
-// (`kill(2)`, `prctl(2)`) that std does not offer.
+// The parent-death signal is a system call (`prctl(2)`) that std does not
+// offer. Signals to the process group are `crate::server_process`'s.
 #![allow(unsafe_code)]
 
 use std::process::Stdio;
@@ -14,7 +14,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
 use rmcp::model::{
     ClientCapabilities, ClientConfig, Implementation, ProtocolVersion, ResourceUpdatedNotificationParam,
 };
@@ -33,6 +32,7 @@ use crate::cause::redact_url;
 use crate::config::{ENV_ALLOWLIST, Protocol, ServerConfig, Transport};
 use crate::error::{Error, Result};
 use crate::pipe::{ChildPipe, Diagnostics};
+use crate::server_process::ServerProcess;
 
 /// How long a server may take to exit after its stdin closes, on `close()`.
 const EXIT_GRACE: Duration = Duration::from_millis(1500);
@@ -72,8 +72,8 @@ impl ClientHandler for Host {
 pub(super) struct Live {
     pub(super) peer: Peer<RoleClient>,
     service: tokio::sync::Mutex<Option<RunningService<RoleClient, Host>>>,
-    /// Process group of a stdio server (its leader's pid).
-    pgid: Option<i32>,
+    /// A stdio server's process, leader of its group.
+    process: Option<Arc<ServerProcess>>,
     /// The negotiated revision, e.g. `2026-07-28`.
     pub(super) protocol: String,
     /// `subscriptions/listen`, on a revision without `initialize`
@@ -86,10 +86,11 @@ pub(super) struct Live {
 
 impl Drop for Live {
     fn drop(&mut self) {
-        if let Some(pgid) = self.pgid {
+        if let Some(process) = &self.process {
             // Synchronous and unconditional: the only kill that is certain to
-            // happen when a hub is dropped during runtime shutdown.
-            kill_group(pgid, libc::SIGKILL);
+            // happen when a hub is dropped during runtime shutdown (the pipe
+            // may hold the process a while longer).
+            process.signal_group(libc::SIGKILL);
         }
     }
 }
@@ -192,31 +193,16 @@ pub(super) async fn shutdown(live: &Live) {
         // job on the process group ourselves.
         let _ = tokio::time::timeout(EXIT_GRACE, service.close()).await;
     }
-    if let Some(pgid) = live.pgid {
-        if group_alive(pgid) {
-            kill_group(pgid, libc::SIGTERM);
+    if let Some(process) = &live.process {
+        if process.group_running() {
+            process.signal_group(libc::SIGTERM);
             let deadline = tokio::time::Instant::now() + TERM_GRACE;
-            while group_alive(pgid) && tokio::time::Instant::now() < deadline {
+            while process.group_running() && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        kill_group(pgid, libc::SIGKILL);
+        process.signal_group(libc::SIGKILL);
     }
-}
-
-fn kill_group(pgid: i32, signal: i32) {
-    if pgid > 1 {
-        // SAFETY: kill(2) has no memory-safety preconditions; a negative pid
-        // addresses the process group we created for this server.
-        unsafe {
-            libc::kill(-pgid, signal);
-        }
-    }
-}
-
-fn group_alive(pgid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    pgid > 1 && unsafe { libc::kill(-pgid, 0) } == 0
 }
 
 async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std::result::Result<Live, String> {
@@ -239,17 +225,15 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
                 cmd.current_dir(cwd);
             }
             die_with_parent(&mut cmd);
-            let mut wrapped = CommandWrap::from(cmd);
-            wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
-            wrapped.command_mut().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-            let mut child = wrapped.spawn().map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
-            let pgid = child.id().map(|p| p as i32);
-            let guard = GroupGuard(pgid);
+            cmd.process_group(0).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let mut child = cmd.spawn().map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
             let tail = Arc::new(StdMutex::new(std::collections::VecDeque::new()));
-            let drain = child.stderr().take().map(|e| tokio::spawn(drain_stderr(cfg.name.clone(), e, tail.clone())));
+            let drain = child.stderr.take().map(|e| tokio::spawn(drain_stderr(cfg.name.clone(), e, tail.clone())));
             let diag = Diagnostics::new(&cfg.name);
             let transport = ChildPipe::new(child, diag.clone(), max_text)
                 .map_err(|e| format!("cannot start `{command_display}`: {e}"))?;
+            // Ends the group if connecting fails half-way.
+            let mut guard = GroupGuard(transport.process());
             let what = opener(cfg.protocol);
             let failure = match tokio::time::timeout(
                 timeout,
@@ -267,8 +251,7 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
                 },
                 Ok(Ok(s)) => {
                     diag.connected();
-                    std::mem::forget(guard);
-                    return Ok(live_from(s, pgid, cfg).await);
+                    return Ok(live_from(s, guard.0.take(), cfg).await);
                 }
             };
             // The process is gone or about to be killed: let its stderr
@@ -435,17 +418,21 @@ fn die_with_parent(cmd: &mut tokio::process::Command) {
     let _ = cmd;
 }
 
-/// Kills a process group if connecting fails half-way.
-struct GroupGuard(Option<i32>);
+/// Kills a server's process group if connecting fails half-way.
+struct GroupGuard(Option<Arc<ServerProcess>>);
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        if let Some(p) = self.0 {
-            kill_group(p, libc::SIGKILL);
+        if let Some(p) = &self.0 {
+            p.signal_group(libc::SIGKILL);
         }
     }
 }
 
-async fn live_from(service: RunningService<RoleClient, Host>, pgid: Option<i32>, cfg: &ServerConfig) -> Live {
+async fn live_from(
+    service: RunningService<RoleClient, Host>,
+    process: Option<Arc<ServerProcess>>,
+    cfg: &ServerConfig,
+) -> Live {
     let peer = service.peer().clone();
     // rmcp's response cache (SEP-2549) is turned OFF, in favour of ours
     // (`cache.rs`): one connection serves many users, and rmcp's cache keys
@@ -480,7 +467,7 @@ async fn live_from(service: RunningService<RoleClient, Host>, pgid: Option<i32>,
         has_resources: caps.is_some(),
         peer,
         service: tokio::sync::Mutex::new(Some(service)),
-        pgid,
+        process,
     }
 }
 

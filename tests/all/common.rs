@@ -88,6 +88,19 @@ pub fn tagged_processes(tag: &str) -> Vec<u32> {
     out
 }
 
+/// Each process as `pid state ppid pgrp: command line`, for failure messages.
+pub fn describe_processes(pids: &[u32]) -> String {
+    let one = |pid: &u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> =
+            stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().take(3).collect()).unwrap_or_default();
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        format!("{pid} {}: {}", fields.join(" "), cmd.trim_end())
+    };
+    pids.iter().map(one).collect::<Vec<_>>().join("; ")
+}
+
 /// Running or sleeping, not a zombie.
 pub fn is_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -574,17 +574,24 @@ fn the_chatbot_stopped_while_servers_start_leaves_no_process() {
             "servers:\n{}",
             fixture_server("fx", &t, &["--hang-init", "--ignore-term", "--grandchild"])
         ));
-        let child = crate::chatbot::chat_command(&cfg, None)
+        let mut child = crate::chatbot::chat_command(&cfg, None)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // A bound, not a speed: two cores may be busy with other tests.
+        let deadline = Instant::now() + Duration::from_secs(60);
         while tagged_processes(&t).len() < 2 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(tagged_processes(&t).len(), 2, "server and grandchild are up");
+        let up = tagged_processes(&t);
+        if up.len() != 2 {
+            let seen = describe_processes(&up);
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("server and grandchild are not up after 60 s: {seen}; chatbot stderr: {}", text(&out.stderr));
+        }
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as i32, signal) };
         let out = child.wait_with_output().unwrap();

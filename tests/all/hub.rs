@@ -291,3 +291,62 @@ async fn reference_server_everything() {
     hub.close().await;
     assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty());
 }
+
+/// Linux hands pids out again once they wrap (32,768 by default), and a
+/// process group is addressed by its leader's pid. A server that ended on
+/// its own leaves its group number free; a process group started later by
+/// anybody may get it. The hub must never signal that group: here a decoy
+/// is made to take the number if it can (through `ns_last_pid`, as root),
+/// and the hub is closed and dropped; the decoy must live. While the hub
+/// may still signal the server's group, the number must stay taken.
+#[tokio::test]
+async fn a_group_id_freed_by_an_ended_server_never_receives_the_hubs_signals() {
+    const TEST: &str = "a_group_id_freed_by_an_ended_server_never_receives_the_hubs_signals";
+    let ns_last_pid = "/proc/sys/kernel/ns_last_pid";
+    if std::fs::OpenOptions::new().write(true).open(ns_last_pid).is_err() {
+        return skip(TEST, "/proc/sys/kernel/ns_last_pid is not writable (needs root)");
+    }
+    let t = tag();
+    let hub = Hub::connect(&config(&format!("servers:\n{}", fixture_server("fx", &t, &["--exit-on-read"])))).await;
+    assert!(hub.failures().is_empty(), "{:?}", hub.failures());
+    let server = tagged_processes(&t);
+    assert_eq!(server.len(), 1);
+    let server = server[0];
+    // The server exits (status 7) while answering; the hub sees its stdout end.
+    assert!(hub.read(&id("fx:fx://doc/0")).await.is_err());
+    assert!(wait_gone(&t, Duration::from_secs(5)).await.is_empty());
+    tokio::time::sleep(Duration::from_millis(700)).await; // the pipe notes the exit (up to 500 ms)
+    // Asks the kernel for that number for a new process group, many times
+    // (other tests spawn processes meanwhile).
+    let mut decoy = None;
+    for _ in 0..200 {
+        std::fs::write(ns_last_pid, (server - 1).to_string()).unwrap();
+        let mut cmd = std::process::Command::new("sleep");
+        std::os::unix::process::CommandExt::process_group(cmd.arg("1000"), 0);
+        let child = cmd.spawn().unwrap();
+        if child.id() == server {
+            decoy = Some(child);
+            break;
+        }
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let took = decoy.is_some();
+    let mut decoy = match decoy {
+        Some(d) => d,
+        None => {
+            let mut cmd = std::process::Command::new("sleep");
+            std::os::unix::process::CommandExt::process_group(cmd.arg("1000"), 0);
+            cmd.spawn().unwrap()
+        }
+    };
+    hub.close().await;
+    drop(hub);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let alive = decoy.try_wait().unwrap().is_none();
+    let _ = decoy.kill();
+    let _ = decoy.wait();
+    assert!(alive, "the hub signalled process group {server}, which is no longer its server's");
+    assert!(!took, "group number {server} was free while the hub could still signal it");
+}
