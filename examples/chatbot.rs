@@ -194,7 +194,7 @@ async fn chat(
                     args.user = rest.trim().to_owned();
                     out(&format!("(now chatting as {})", args.user));
                 }
-                "resources" => out(format_listing(&ctx.visible_resources(&args.user), None).trim_end()),
+                "resources" => out(format_listing(&ctx.visible_resources(&args.user).await, None).trim_end()),
                 "context" => match &last_report {
                     Some(r) => out(r.to_string().trim_end()),
                     None => out("(no context injected yet)"),

@@ -6,7 +6,8 @@
 //!
 //! A resource the user may not see and a resource that does not exist get
 //! the *same* answer, so the model cannot probe for what it may not see; a
-//! denied resource is never read.
+//! denied resource is never read. A per-user server (`auth:` per user) is
+//! listed and read through the user's own view of it, as in injection.
 //!
 //! Layer: adapters. Imports the orchestrator (`context`), `compose`, `tokenize`, `id`, `resource`; it adds
 //! `McpContext::tools` here so that the orchestrator does not import its adapters.
@@ -172,16 +173,16 @@ impl<'a> ResourceTools<'a> {
             serde_json::from_str(arguments).unwrap_or(serde_json::Value::Null)
         };
         let (content, is_error, display) = match name {
-            LIST_TOOL => self.list(&args, user),
+            LIST_TOOL => self.list(&args, user).await,
             READ_TOOL => self.read(&args, user).await,
             other => (format!("Error: unknown tool {other}"), true, "Unknown tool.".into()),
         };
         ToolResult { tool_call_id: call_id.to_owned(), name: name.to_owned(), content, is_error, display }
     }
 
-    fn list(&self, args: &serde_json::Value, user: &str) -> (String, bool, String) {
+    async fn list(&self, args: &serde_json::Value, user: &str) -> (String, bool, String) {
         let server = args.get("serverName").and_then(|s| s.as_str()).filter(|s| !s.is_empty());
-        let visible = self.ctx.visible_resources(user);
+        let visible = self.ctx.visible_resources(user).await;
         let n = visible.iter().filter(|r| server.is_none_or(|s| r.id.server == s)).count();
         (format_listing(&visible, server), false, format!("Listed {n} resources."))
     }

@@ -348,17 +348,41 @@ impl McpContext {
     /// the gate, then the policy, then the cache. `Ok(None)` means "not
     /// found" in every sense a caller must not tell apart: refused by the
     /// gate, denied by the policy (never read), or absent on the server.
+    ///
+    /// A per-user server's resource goes through `user`'s own view of it
+    /// (its listing for the gate, its private cache, the user's credential),
+    /// as in an injection; a user holding no credential for that server gets
+    /// `Ok(None)` and opens nothing.
     pub async fn read_for(&self, user: &str, id: &ResourceId) -> Result<Option<(Arc<Resource>, Arc<Contents>)>> {
         // One policy snapshot for the gate and the decision.
         let up = self.policy().for_user(user);
-        let Ok(admitted) = admit(&self.hub, &up, id) else { return Ok(None) };
+        let own = match &self.views {
+            Some(v) if v.server_names().any(|s| s == id.server) => Some(v.for_user(user).await),
+            _ => None,
+        };
+        let (hub, cache) = match &own {
+            Some(own) => match own.view(&id.server) {
+                Some(v) => (&v.hub, &v.cache),
+                None => return Ok(None),
+            },
+            None => (&self.hub, &self.cache),
+        };
+        let Ok(admitted) = admit(hub, &up, id) else { return Ok(None) };
         if !up.decide(&admitted.resource).allowed {
             return Ok(None);
         }
-        match self.cache.read(&admitted.resource.id, user).await {
+        match cache.read(&admitted.resource.id, user).await {
             Ok(c) => Ok(Some((admitted.resource, c.contents))),
             Err(Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e),
+            Err(e) => {
+                // The server refused the user's credential: `denied_by_server` from now on, as after an injection's read.
+                if let Some(own) = &own
+                    && crate::credentials::looks_denied(&e.to_string())
+                {
+                    own.mark_denied(&id.server);
+                }
+                Err(e)
+            }
         }
     }
 
@@ -374,19 +398,22 @@ impl McpContext {
     }
 
     /// Listed resources (plus the user's policy includes) that `user` may
-    /// see, in listing order. Nothing is read.
-    pub fn visible_resources(&self, user: &str) -> Vec<Resource> {
+    /// see, in listing order, then those of `user`'s own views of per-user
+    /// servers (opened as for an injection). Nothing is read.
+    pub async fn visible_resources(&self, user: &str) -> Vec<Resource> {
         let up = self.policy().for_user(user);
-        select::candidates(&self.hub, &up)
-            .0
-            .into_iter()
-            .filter(|r| up.decide(r).allowed)
-            .map(Arc::unwrap_or_clone)
-            .collect()
+        let (mut all, _) = select::candidates(&self.hub, &up);
+        if let Some(v) = &self.views {
+            all.extend(v.for_user(user).await.resources());
+        }
+        all.into_iter().filter(|r| up.decide(r).allowed).map(Arc::unwrap_or_clone).collect()
     }
 
     /// Passes a requested `server:uri` through the gate for `user` (see
     /// [`admit`]); the policy still has to decide on the admitted resource.
+    /// Shared servers only: a per-user server's listing is each user's own, so
+    /// its URIs are `UnknownServer` here ([`McpContext::read_for`] and an
+    /// injection's selection go through the user's view).
     pub fn admit(&self, user: &str, id: &ResourceId) -> std::result::Result<Admitted, Refusal> {
         admit(&self.hub, &self.policy().for_user(user), id)
     }

@@ -108,6 +108,17 @@ fn auth_set(config: &Path, user: &str, value: &str, extra_env: &[(&str, &str)]) 
     (o, e)
 }
 
+/// The auth server knowing alice's and bob's keys, and the config with both
+/// keys stored by `auth set`.
+async fn alice_and_bob(py: &Path) -> (tempfile::TempDir, AuthServer, mcp_context::Config) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AuthServer::start(py, dir.path(), &[(ALICE_KEY, "alice"), (BOB_KEY, "bob")]).await;
+    let (path, config) = write_config(dir.path(), &config_yaml(&server, &tag(), &file_credentials()));
+    auth_set(&path, "alice", &format!("Bearer {ALICE_KEY}"), &[]);
+    auth_set(&path, "bob", &format!("Bearer {BOB_KEY}"), &[]);
+    (dir, server, config)
+}
+
 fn included(report: &mcp_context::Report) -> Vec<String> {
     let mut ids: Vec<String> = report.included.iter().map(|i| i.id.clone()).collect();
     ids.sort();
@@ -233,6 +244,76 @@ async fn a_user_without_a_secret_needs_authorization_and_the_others_still_inject
     assert!(!text(0).contains("alice's own") && text(1).contains("alice's own todo"));
 }
 
+/// The model's two tools see a per-user server as an injection does: each
+/// user lists and reads what their own key gives them, under our policy.
+/// Another user's URI, a denied one, forged spellings and a user with no
+/// credential all read "not found", and the server is never asked for them
+/// (its log of subjects and reads).
+#[tokio::test]
+async fn the_models_tools_list_and_read_each_users_own_resources_only() {
+    use mcp_context::tools::{LIST_TOOL, READ_TOOL};
+    let py = python_or_skip!("the_models_tools_list_and_read_each_users_own_resources_only");
+    let (_dir, server, config) = alice_and_bob(&py).await;
+    server.take_log();
+    let ctx = context(&config).await;
+    let tools = ctx.tools();
+
+    let list = tools.run("l", LIST_TOOL, r#"{"serverName":"notes"}"#, "alice").await;
+    assert_eq!(
+        list.content,
+        "Available MCP Resources:\n- notes:notes://alice/todo | alice's todo\n- notes:notes://shared/handbook | handbook\n",
+        "alice's own listing, without her denied plan"
+    );
+    let all = ctx.visible_resources("bob").await;
+    let ids: Vec<String> = all.iter().map(|r| r.id.to_string()).collect();
+    assert_eq!(
+        ids,
+        ["demo:demo://public/faq", "notes:notes://bob/plan", "notes:notes://bob/todo", "notes:notes://shared/handbook"]
+    );
+
+    let read = |uri: &str, user: &str| {
+        let (args, user) = (serde_json::json!({ "uri": uri }).to_string(), user.to_owned());
+        let tools = ctx.tools();
+        async move { tools.run("r", READ_TOOL, &args, &user).await }
+    };
+    server.take_log();
+    let todo = read("notes:notes://alice/todo", "alice").await;
+    assert_eq!((todo.content.as_str(), todo.is_error), ("alice's own todo: for alice only.", false));
+    let log = server.take_log();
+    assert!(log.contains(&"read alice notes://alice/todo".to_owned()), "read with alice's key: {log:?}");
+    assert!(log.iter().all(|l| l == "auth alice" || l.starts_with("read alice ")), "{log:?}");
+
+    for (uri, user) in [
+        ("notes:notes://bob/todo", "alice"),
+        ("notes:notes://alice/plan", "alice"),
+        ("notes:notes://alice/../bob/todo", "alice"),
+        ("notes:notes://alice/%2e%2e/bob/todo", "alice"),
+        ("notes:notes://BOB/todo", "alice"),
+        ("notes:notes://alice/todo", "bob"),
+        ("notes:notes://alice/todo", "carol"),
+        ("notes:notes://shared/handbook", "carol"),
+    ] {
+        let got = read(uri, user).await;
+        assert_eq!(
+            (got.content.clone(), got.is_error),
+            (format!("Error: Resource not found for URI: {uri}"), true),
+            "{user} reading {uri}"
+        );
+    }
+    let log = server.take_log();
+    assert!(
+        log.iter().all(|l| !l.starts_with("read ") && (l == "auth alice" || l == "auth bob")),
+        "nothing refused was read, and carol, who has no key, reached the server as nobody: {log:?}"
+    );
+    assert_eq!(
+        tools.run("l", LIST_TOOL, r#"{"serverName":"notes"}"#, "carol").await.content,
+        "No resources found for server: notes\n"
+    );
+    assert!(server.take_log().is_empty(), "carol opens nothing");
+    assert!(!ctx.tools().run("l", LIST_TOOL, "{}", "carol").await.content.contains("notes:"));
+    ctx.close().await;
+}
+
 fn http() -> reqwest::Client {
     crate::serve::http()
 }
@@ -243,12 +324,7 @@ fn http() -> reqwest::Client {
 #[tokio::test]
 async fn a_refused_key_is_denied_by_server_for_that_user_only() {
     let py = python_or_skip!("a_refused_key_is_denied_by_server_for_that_user_only");
-    let dir = tempfile::tempdir().unwrap();
-    let server = AuthServer::start(&py, dir.path(), &[(ALICE_KEY, "alice"), (BOB_KEY, "bob")]).await;
-    let t = tag();
-    let (path, config) = write_config(dir.path(), &config_yaml(&server, &t, &file_credentials()));
-    auth_set(&path, "alice", &format!("Bearer {ALICE_KEY}"), &[]);
-    auth_set(&path, "bob", &format!("Bearer {BOB_KEY}"), &[]);
+    let (_dir, server, config) = alice_and_bob(&py).await;
     // Bob's key is revoked before anything connects.
     AuthServer::write_keys(&server.keys, &[(ALICE_KEY, "alice")]);
     server.take_log();

@@ -222,7 +222,7 @@ async fn eval_python_faq() {
         chunk / 10
     );
     let ctx = McpContext::with_policy(&config(&yaml), Policy::allow_all()).await;
-    let resources = ctx.visible_resources("eval").len();
+    let resources = ctx.visible_resources("eval").await.len();
     println!("{} questions, {resources} resources, chunk_tokens {chunk}", questions.len());
     assert!(questions.len() >= 100 && resources == questions.len(), "incomplete evaluation data in {data:?}");
     println!("| budget | priority | relevance | relevance / priority |\n|---:|---:|---:|---:|");
