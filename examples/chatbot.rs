@@ -209,7 +209,11 @@ async fn chat(
         if !mentions.is_empty() {
             let mut chosen = Vec::new();
             for m in mentions {
-                match ResourceId::parse(m).ok().and_then(|id| allowed_mention(&ctx, &args.user, &id)) {
+                let id = match ResourceId::parse(m) {
+                    Ok(id) => allowed_mention(&ctx, &args.user, &id).await,
+                    Err(_) => None,
+                };
+                match id {
                     Some(id) => chosen.push(id),
                     None => out(&format!("(@{m} is not available to {}; left out of the context)", args.user)),
                 }
@@ -253,8 +257,8 @@ async fn chat(
 
 /// A mention passes the library's gate for requested URIs, then the policy
 /// decides on what the gate admitted (the id that will be read).
-fn allowed_mention(ctx: &McpContext, user: &str, id: &ResourceId) -> Option<ResourceId> {
-    let admitted = ctx.admit(user, id).ok()?;
+async fn allowed_mention(ctx: &McpContext, user: &str, id: &ResourceId) -> Option<ResourceId> {
+    let admitted = ctx.admit(user, id).await.ok()?;
     ctx.policy().for_user(user).decide(&admitted.resource).allowed.then(|| admitted.resource.id.clone())
 }
 

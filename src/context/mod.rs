@@ -356,15 +356,11 @@ impl McpContext {
     pub async fn read_for(&self, user: &str, id: &ResourceId) -> Result<Option<(Arc<Resource>, Arc<Contents>)>> {
         // One policy snapshot for the gate and the decision.
         let up = self.policy().for_user(user);
-        let own = match &self.views {
-            Some(v) if v.server_names().any(|s| s == id.server) => Some(v.for_user(user).await),
-            _ => None,
-        };
-        let (hub, cache) = match &own {
-            Some(own) => match own.view(&id.server) {
-                Some(v) => (&v.hub, &v.cache),
-                None => return Ok(None),
-            },
+        let own = self.views_serving(user, &id.server).await;
+        let per_user = self.views.as_ref().is_some_and(|v| v.serves(&id.server));
+        let (hub, cache) = match own.view(&id.server) {
+            Some(v) => (&v.hub, &v.cache),
+            None if per_user => return Ok(None),
             None => (&self.hub, &self.cache),
         };
         let Ok(admitted) = admit(hub, &up, id) else { return Ok(None) };
@@ -376,9 +372,7 @@ impl McpContext {
             Err(Error::NotFound { .. }) => Ok(None),
             Err(e) => {
                 // The server refused the user's credential: `denied_by_server` from now on, as after an injection's read.
-                if let Some(own) = &own
-                    && crate::credentials::looks_denied(&e.to_string())
-                {
+                if per_user && crate::credentials::looks_denied(&e.to_string()) {
                     own.mark_denied(&id.server);
                 }
                 Err(e)
@@ -397,25 +391,41 @@ impl McpContext {
         self.cache.len()
     }
 
-    /// Listed resources (plus the user's policy includes) that `user` may
-    /// see, in listing order, then those of `user`'s own views of per-user
-    /// servers (opened as for an injection). Nothing is read.
+    /// `user`'s own views of the per-user servers, opened as needed (none
+    /// when no server is per user).
+    async fn user_views(&self, user: &str) -> views::UserViews {
+        match &self.views {
+            Some(v) => v.for_user(user).await,
+            None => views::UserViews::default(),
+        }
+    }
+
+    /// `user`'s views when `server` is a per-user server (opened as needed),
+    /// else none: nothing is opened for a shared server's URI.
+    async fn views_serving(&self, user: &str, server: &str) -> views::UserViews {
+        match &self.views {
+            Some(v) if v.serves(server) => v.for_user(user).await,
+            _ => views::UserViews::default(),
+        }
+    }
+
+    /// The resources `user` may see: the shared servers' listings, then
+    /// those of the user's own views of per-user servers (opened as for an
+    /// injection), then the user's policy includes. Nothing is read.
     pub async fn visible_resources(&self, user: &str) -> Vec<Resource> {
         let up = self.policy().for_user(user);
-        let (mut all, _) = select::candidates(&self.hub, &up);
-        if let Some(v) = &self.views {
-            all.extend(v.for_user(user).await.resources());
-        }
+        let (all, _) = select::candidates(&self.hub, &up, &self.user_views(user).await);
         all.into_iter().filter(|r| up.decide(r).allowed).map(Arc::unwrap_or_clone).collect()
     }
 
     /// Passes a requested `server:uri` through the gate for `user` (see
     /// [`admit`]); the policy still has to decide on the admitted resource.
-    /// Shared servers only: a per-user server's listing is each user's own, so
-    /// its URIs are `UnknownServer` here ([`McpContext::read_for`] and an
-    /// injection's selection go through the user's view).
-    pub fn admit(&self, user: &str, id: &ResourceId) -> std::result::Result<Admitted, Refusal> {
-        admit(&self.hub, &self.policy().for_user(user), id)
+    /// A per-user server's URI is checked against `user`'s own view of it
+    /// (its listing and templates); `UnknownServer` when the user holds no
+    /// credential for it.
+    pub async fn admit(&self, user: &str, id: &ResourceId) -> std::result::Result<Admitted, Refusal> {
+        let own = self.views_serving(user, &id.server).await;
+        admit(select::hub_for(&self.hub, &own, &id.server), &self.policy().for_user(user), id)
     }
 
     /// Builds the context message for a request. `Ok((None, report))` when

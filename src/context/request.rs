@@ -119,10 +119,7 @@ impl<'a> Run<'a> {
         let (tok, warning) = ctx.tokenizer(&model).await?;
         let ceiling = self.req.budget.unwrap_or(ctx.settings.max_tokens);
         let budget = up.max_tokens().map_or(ceiling, |b| b.min(ceiling));
-        let views = match &ctx.views {
-            Some(v) => v.for_user(&self.req.user).await,
-            None => super::views::UserViews::default(),
-        };
+        let views = ctx.user_views(&self.req.user).await;
         let mut failed_servers = ctx.hub.failures();
         failed_servers.extend(views.failures.iter().cloned());
         Ok(Prepared {
@@ -144,13 +141,13 @@ impl<'a> Run<'a> {
         let (ctx, up) = (self.ctx, &p.up);
         // The selection memo is shared by users of one policy entry: not with per-user listings.
         if ctx.views.is_some() {
-            return Arc::new(select::select(&ctx.hub, up, self.req.selection.as_deref(), &p.views.resources()));
+            return Arc::new(select::select(&ctx.hub, up, self.req.selection.as_deref(), &p.views));
         }
         match &self.req.selection {
             None => ctx.selections.get_or(up.decision_key(), self.listing_generation, &self.policy, || {
-                select::select(&ctx.hub, up, None, &[])
+                select::select(&ctx.hub, up, None, &p.views)
             }),
-            Some(wanted) => Arc::new(select::select(&ctx.hub, up, Some(wanted), &[])),
+            Some(wanted) => Arc::new(select::select(&ctx.hub, up, Some(wanted), &p.views)),
         }
     }
 

@@ -12,6 +12,8 @@ use crate::policy::UserPolicy;
 use crate::report::{ExcludeReason, Excluded};
 use crate::resource::Resource;
 
+use super::views::UserViews;
+
 /// Who may see what, for one user and one generation of the listings.
 pub(super) struct Selection {
     /// In injection order.
@@ -25,13 +27,22 @@ pub(super) fn not_found(id: &ResourceId) -> Excluded {
     Excluded { id: id.to_string(), reason: ExcludeReason::NotFound, detail: Some(Refusal::NOT_FOUND.into()) }
 }
 
-/// Every listed resource plus the user's policy includes that pass the
-/// gate; the includes it refuses come back apart, for the report.
-pub(super) fn candidates(hub: &Hub, up: &UserPolicy) -> (Vec<Arc<Resource>>, Vec<Excluded>) {
+/// The hub that answers for `server`: the user's own view of it when it is
+/// a per-user server they hold a credential for, else the shared hub.
+pub(super) fn hub_for<'a>(hub: &'a Hub, own: &'a UserViews, server: &str) -> &'a Hub {
+    own.view(server).map_or(hub, |v| &v.hub)
+}
+
+/// Every listed resource (the shared hub's, then the user's own views') plus
+/// the user's policy includes that pass the gate, each against the listing
+/// of the hub that serves it; the includes it refuses come back apart, for
+/// the report.
+pub(super) fn candidates(hub: &Hub, up: &UserPolicy, own: &UserViews) -> (Vec<Arc<Resource>>, Vec<Excluded>) {
     let mut all = hub.resources_shared();
+    all.extend(own.resources());
     let mut refused = Vec::new();
     for inc in up.includes() {
-        match admit(hub, up, inc) {
+        match admit(hub_for(hub, own, &inc.server), up, inc) {
             Ok(a) => {
                 if !all.iter().any(|r| r.id == a.resource.id) {
                     all.push(a.resource);
@@ -47,29 +58,20 @@ pub(super) fn candidates(hub: &Hub, up: &UserPolicy) -> (Vec<Arc<Resource>>, Vec
 }
 
 /// The resources this user may see (or the `wanted` ones of them), in
-/// injection order, and what was left out and why. `own` are the listings
-/// of the user's own views of per-user servers (`views.rs`): candidates
-/// like the hub's, under the same policy; a wanted id of theirs must be
-/// listed exactly.
-pub(super) fn select(hub: &Hub, up: &UserPolicy, wanted: Option<&[ResourceId]>, own: &[Arc<Resource>]) -> Selection {
+/// injection order, and what was left out and why. `own` are the user's
+/// own views of per-user servers (`views.rs`): their listings are
+/// candidates like the hub's, under the same policy, and a wanted id or an
+/// include on such a server passes the gate against the user's own listing
+/// and templates.
+pub(super) fn select(hub: &Hub, up: &UserPolicy, wanted: Option<&[ResourceId]>, own: &UserViews) -> Selection {
     let (candidates, mut excluded) = match wanted {
-        None => {
-            let (mut all, refused) = candidates(hub, up);
-            all.extend(own.iter().cloned());
-            (all, refused)
-        }
+        None => candidates(hub, up, own),
         // Requested ids pass the gate: what is admitted is what the
         // policy decides on below and what is read.
         Some(sel) => {
             let (mut chosen, mut excluded) = (Vec::<Arc<Resource>>::new(), Vec::new());
             for id in sel {
-                if let Some(r) = own.iter().find(|r| r.id == *id) {
-                    if !chosen.iter().any(|c| c.id == r.id) {
-                        chosen.push(r.clone());
-                    }
-                    continue;
-                }
-                match admit(hub, up, id) {
+                match admit(hub_for(hub, own, &id.server), up, id) {
                     Ok(a) if chosen.iter().any(|r| r.id == a.resource.id) => {}
                     Ok(a) => chosen.push(a.resource),
                     Err(Refusal::UnknownServer(server)) => excluded.push(Excluded {

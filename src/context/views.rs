@@ -183,6 +183,11 @@ impl Views {
         self.servers.iter().map(|s| s.name.as_str())
     }
 
+    /// Whether `server` is one of the per-user servers.
+    pub(crate) fn serves(&self, server: &str) -> bool {
+        self.servers.iter().any(|s| s.name == server)
+    }
+
     /// Views open now (all users and servers).
     pub(crate) fn open(&self) -> usize {
         self.slots.lock().unwrap_or_else(|p| p.into_inner()).len()

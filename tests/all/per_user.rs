@@ -314,6 +314,66 @@ async fn the_models_tools_list_and_read_each_users_own_resources_only() {
     ctx.close().await;
 }
 
+/// A per-user server's URIs that no listing shows: a role's `include:`
+/// (with `{user}`) and a requested `@server:uri` pass the gate against the
+/// user's own listing and templates, and are read with the user's key. A
+/// requested id naming another user's path matches none of the user's
+/// templates: never read, "not found". An include is the operator's word and
+/// is read as written, but with the user's own key: the server gives alice
+/// nothing of bob's.
+#[tokio::test]
+async fn includes_and_requested_uris_on_a_per_user_server_pass_the_users_own_gate() {
+    let py = python_or_skip!("includes_and_requested_uris_on_a_per_user_server_pass_the_users_own_gate");
+    let (_dir, server, config) = alice_and_bob(&py).await;
+    let policy = "default_roles: [reader]\nroles:\n  reader:\n    allow:\n      - { server: notes }\n    include:\n      - \"notes:notes://{user}/day/2026-12-05\"\nusers:\n  alice:\n    roles: [reader]\n    include:\n      - \"notes:notes://bob/day/2026-12-05\"\n";
+    std::fs::write(config.policy.as_ref().unwrap(), policy).unwrap();
+    server.take_log();
+    let ctx = context(&config).await;
+    let (msg, alice) = ctx.build(&"alice".into()).await.unwrap();
+    assert!(included(&alice).contains(&"notes:notes://alice/day/2026-12-05".to_owned()), "{alice:#?}");
+    assert!(!included(&alice).iter().any(|i| i.contains("bob")), "{alice:#?}");
+    let text = msg.unwrap().content;
+    assert!(text.contains("alice's day 2026-12-05: for alice only.") && !text.contains("bob's"), "{text}");
+    let log = server.take_log();
+    assert!(log.contains(&"read alice notes://alice/day/2026-12-05".to_owned()), "{log:?}");
+    assert!(log.iter().all(|l| l == "auth alice" || l.starts_with("read alice ")), "only alice's key: {log:?}");
+    let bobs = alice.excluded.iter().find(|e| e.id == "notes:notes://bob/day/2026-12-05").expect("bob's day excluded");
+    assert_eq!(bobs.reason, mcp_context::ExcludeReason::Error, "the server refused alice: {bobs:?}");
+
+    // Requested ids: an expansion of alice's template is read; bob's path and a forged one are not.
+    let wanted = [
+        "notes:notes://alice/day/2026-12-04",
+        "notes:notes://bob/day/2026-12-04",
+        "notes:notes://alice/day/%2e%2e/plan",
+    ];
+    let req = mcp_context::ContextRequest::for_user("alice")
+        .with_selection(wanted.iter().map(|w| mcp_context::ResourceId::parse(w).unwrap()).collect::<Vec<_>>());
+    let (msg, picked) = ctx.build(&req).await.unwrap();
+    assert_eq!(included(&picked), ["notes:notes://alice/day/2026-12-04"], "{picked:#?}");
+    assert!(msg.unwrap().content.contains("alice's day 2026-12-04"));
+    for refused in &wanted[1..] {
+        let e = picked.excluded.iter().find(|e| e.id == *refused).unwrap_or_else(|| panic!("{refused}: {picked:#?}"));
+        assert_eq!(e.reason, mcp_context::ExcludeReason::NotFound, "{refused}");
+    }
+    let log = server.take_log();
+    assert!(log.iter().all(|l| l == "auth alice" || l == "read alice notes://alice/day/2026-12-04"), "{log:?}");
+
+    // The gate the chatbot's mentions pass: alice's own templates, nobody else's; carol has no view.
+    let id = |s: &str| mcp_context::ResourceId::parse(s).unwrap();
+    assert!(ctx.admit("alice", &id("notes:notes://alice/day/2026-01-01")).await.is_ok());
+    assert!(ctx.admit("alice", &id("notes:notes://bob/day/2026-01-01")).await.is_err());
+    assert!(ctx.admit("carol", &id("notes:notes://carol/day/2026-01-01")).await.is_err());
+    assert!(server.take_log().iter().all(|l| !l.starts_with("read ")), "the gate reads nothing");
+
+    // Bob's own include is his, read with his key.
+    let (_, bob) = ctx.build(&"bob".into()).await.unwrap();
+    assert!(included(&bob).contains(&"notes:notes://bob/day/2026-12-05".to_owned()), "{bob:#?}");
+    let log = server.take_log();
+    assert!(log.contains(&"read bob notes://bob/day/2026-12-05".to_owned()), "{log:?}");
+    assert!(log.iter().all(|l| l == "auth bob" || l.starts_with("read bob ")), "only bob's key: {log:?}");
+    ctx.close().await;
+}
+
 fn http() -> reqwest::Client {
     crate::serve::http()
 }

@@ -72,7 +72,10 @@ async def list_resources(ctx, params):
 
 
 async def list_templates(ctx, params):
-    return types.ListResourceTemplatesResult(resource_templates=[])
+    # Each subject's own day notes, read by expanding the template (never listed).
+    subject = subject_of(ctx)
+    day = types.ResourceTemplate(uri_template=f"notes://{subject}/day/{{date}}", name="day", mime_type="text/plain")
+    return types.ListResourceTemplatesResult(resource_templates=[day])
 
 
 async def read_resource(ctx, params):
@@ -83,6 +86,8 @@ async def read_resource(ctx, params):
         text = "The handbook everybody reads."
     elif uri in (f"notes://{subject}/todo", f"notes://{subject}/plan"):
         text = f"{subject}'s own {uri.rsplit('/', 1)[1]}: for {subject} only."
+    elif uri.startswith(f"notes://{subject}/day/"):
+        text = f"{subject}'s day {uri.rsplit('/', 1)[1]}: for {subject} only."
     else:
         modern = str(getattr(ctx, "protocol_version", "")) >= "2026-07-28"
         raise MCPError(code=-32602 if modern else -32002, message=f"no such resource {uri}", data={"uri": uri})
