@@ -1,8 +1,11 @@
 //! The content cache: read contents by `(server, uri)`, kept correct.
 //!
 //! - Servers that support `resources/subscribe` get a subscription for every
-//!   cached resource; an entry lives until `notifications/resources/updated`
-//!   drops it (or a `list_changed` re-list shows the resource is gone).
+//!   cached resource; an entry read after its subscription was acknowledged
+//!   lives until `notifications/resources/updated` drops it (or a
+//!   `list_changed` re-list shows the resource is gone). The first entry,
+//!   read before the subscription was in place, lives `cache_ttl_ms` only: a
+//!   change in between is notified to nobody.
 //! - Other servers' entries expire after `cache_ttl_ms`; `cache: false`
 //!   disables caching for a server.
 //! - Server hints win: a read result's `ttlMs` bounds the entry's life, and a
@@ -42,7 +45,7 @@ use crate::id::ResourceId;
 use crate::resource::Contents;
 
 mod state;
-use state::{Flight, State, bump_all, invalidate, on_remote};
+use state::{Flight, State, Subscribed, bump_all, invalidate, on_remote};
 
 #[cfg(feature = "redis")]
 mod shared;
@@ -132,9 +135,13 @@ impl Slot {
 
 struct Entry {
     contents: Arc<Contents>,
-    /// `None`: lives as long as its subscription, i.e. the connection of `epoch`.
+    /// `None`: lives as long as its subscription (`subscribed`).
     expires: Option<Instant>,
     epoch: u64,
+    /// Kept correct by a subscription on the connection of `epoch` (in place
+    /// or being placed): stale once that connection is gone, whatever
+    /// `expires` says.
+    subscribed: bool,
     /// Approximate bytes kept ([`entry_bytes`]; counted for private entries).
     bytes: usize,
     /// Use tick of the last hit ([`State::clock`]): least recently used go first.
@@ -226,7 +233,7 @@ impl ContentCache {
                     // void by their epoch; this just frees the memory.
                     HubEvent::Restarted { server } => {
                         let epoch = hub2.connection(&server).epoch;
-                        let keep = |e: &Entry| e.expires.is_some() || e.epoch == epoch;
+                        let keep = |e: &Entry| !e.subscribed || e.epoch == epoch;
                         let mut freed = 0;
                         for (_, slot) in s.entries.iter_mut().filter(|(id, _)| id.server == server) {
                             slot.shared = slot.shared.take().filter(keep);
@@ -243,7 +250,7 @@ impl ContentCache {
                         s.private_bytes -= freed;
                         s.entries.retain(|_, slot| !slot.is_empty());
                         s.version += 1;
-                        s.subscribed.retain(|id, e| id.server != server || *e == epoch);
+                        s.subscribed.retain(|id, e| id.server != server || e.epoch == epoch);
                         if let Some(sh) = shared2.clone() {
                             tokio::spawn(async move { sh.forget_server(&server).await });
                         }
@@ -408,17 +415,15 @@ impl ContentCache {
         }
     }
 
-    /// Whether an entry may still be served. One without expiry lives by its
-    /// subscription, which died with the connection: then it must be read
+    /// Whether an entry may still be served: not expired, and if it lives by
+    /// a subscription, that died with the connection: then it must be read
     /// again (which also restarts the server).
     fn fresh(&self, e: &Entry, server: &str, now: Instant) -> bool {
-        e.expires.map_or_else(
-            || {
-                let c = self.hub.connection(server);
-                c.up && c.epoch == e.epoch
-            },
-            |t| t > now,
-        )
+        let alive = || {
+            let c = self.hub.connection(server);
+            c.up && c.epoch == e.epoch
+        };
+        e.expires.is_none_or(|t| t > now) && (!e.subscribed || alive())
     }
 
     fn start_read(&self, s: &mut State, id: ResourceId, user: String, enabled: bool, ttl: Duration) -> Flight {
@@ -427,6 +432,7 @@ impl ContentCache {
         let state = self.state.clone();
         let shared = if enabled { self.shared.clone() } else { None };
         async move {
+            let started = Instant::now();
             let (result, remaining) = match &shared {
                 None => (hub.read(&id).await, None),
                 Some(sh) => read_shared(sh, &hub, &id, &user, ttl).await,
@@ -439,10 +445,15 @@ impl ContentCache {
             let cacheable = enabled && current && hint_ttl != Some(Duration::ZERO);
             let connection = hub.connection(&id.server);
             let epoch = connection.epoch;
-            let subscribed_now = s.subscribed.get(&id) == Some(&epoch);
-            let subscribe = cacheable && !subscribed_now && connection.subscribe;
+            let sub = s.subscribed.get(&id).filter(|x| x.epoch == epoch).copied();
+            // An entry lives by its subscription alone only when that was
+            // acknowledged before this read began. A change between a read
+            // and the acknowledgement is notified to nobody, so an entry read
+            // earlier lives `ttl`, and the read that replaces it is covered.
+            let covered = sub.and_then(|x| x.since).is_some_and(|t| t <= started);
+            let subscribe = cacheable && sub.is_none() && connection.subscribe;
             if cacheable {
-                let life = hint_ttl.or(if subscribed_now || subscribe { None } else { Some(ttl) });
+                let life = hint_ttl.or(if covered { None } else { Some(ttl) });
                 // A copy of a shared entry never outlives it.
                 let life = match (life, remaining) {
                     (Some(l), Some(r)) => Some(l.min(r)),
@@ -451,7 +462,9 @@ impl ContentCache {
                 let now = Instant::now();
                 let bytes = if contents.private { entry_bytes(&contents, &user) } else { 0 };
                 let used = AtomicU64::new(s.tick());
-                let entry = Entry { contents: contents.clone(), expires: life.map(|l| now + l), epoch, bytes, used };
+                let subscribed = hint_ttl.is_none() && (sub.is_some() || subscribe);
+                let expires = life.map(|l| now + l);
+                let entry = Entry { contents: contents.clone(), expires, epoch, subscribed, bytes, used };
                 s.version += 1;
                 if contents.private {
                     s.store_private(&id, user, entry, now);
@@ -460,14 +473,19 @@ impl ContentCache {
                 }
             }
             if subscribe {
-                s.subscribed.insert(id.clone(), epoch);
+                s.subscribed.insert(id.clone(), Subscribed { epoch, since: None });
                 drop(s);
                 let hub = hub.clone();
                 let state = state.clone();
                 tokio::spawn(async move {
-                    if !matches!(hub.subscribe(&id).await, Ok(true)) {
+                    let placed = matches!(hub.subscribe(&id).await, Ok(true));
+                    let mut s = lock(&state);
+                    if placed {
+                        if let Some(x) = s.subscribed.get_mut(&id).filter(|x| x.epoch == epoch) {
+                            x.since = Some(Instant::now());
+                        }
+                    } else {
                         // Without a subscription the entry must not live forever.
-                        let mut s = lock(&state);
                         s.subscribed.remove(&id);
                         invalidate(&mut s, &id);
                     }

@@ -20,8 +20,8 @@ pub(super) struct State {
     /// Reads in flight, with the user who started each: a `private` answer
     /// is that user's only, and other waiters read again for themselves.
     pub(super) inflight: HashMap<ResourceId, (Flight, String)>,
-    /// Subscribed ids, with the connection epoch the subscription lives on.
-    pub(super) subscribed: HashMap<ResourceId, u64>,
+    /// Subscribed ids (and those being subscribed).
+    pub(super) subscribed: HashMap<ResourceId, Subscribed>,
     /// Bytes of the private entries ([`entry_bytes`]), all users together.
     pub(super) private_bytes: usize,
     /// `cache.private_max_bytes`.
@@ -31,6 +31,14 @@ pub(super) struct State {
     pub(super) keep_expired: HashSet<String>,
     /// Use ticks for [`Entry::used`].
     pub(super) clock: AtomicU64,
+}
+
+/// A subscription: the connection epoch it lives on, and when it was
+/// acknowledged (`None` while the request is in flight).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Subscribed {
+    pub(super) epoch: u64,
+    pub(super) since: Option<Instant>,
 }
 
 impl State {

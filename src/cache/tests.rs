@@ -16,7 +16,8 @@ fn private(text: &str) -> Arc<Contents> {
 fn store(s: &mut State, server: &str, user: &str, text: &str, expires: Instant) {
     let contents = private(text);
     let bytes = entry_bytes(&contents, user);
-    let entry = Entry { contents, expires: Some(expires), epoch: 0, bytes, used: AtomicU64::new(s.tick()) };
+    let entry =
+        Entry { contents, expires: Some(expires), epoch: 0, subscribed: false, bytes, used: AtomicU64::new(s.tick()) };
     s.store_private(&ResourceId::from_listing(server, "fx://doc"), user.to_owned(), entry, Instant::now());
 }
 
@@ -114,7 +115,7 @@ fn shared_entry(text: &str) -> Entry {
         parts: vec![ContentPart::Text { text: text.to_owned(), mime_type: None }],
         ..Contents::default()
     });
-    Entry { contents, expires: None, epoch: 0, bytes: 0, used: AtomicU64::new(0) }
+    Entry { contents, expires: None, epoch: 0, subscribed: true, bytes: 0, used: AtomicU64::new(0) }
 }
 
 fn text_of(e: Option<&Entry>) -> Option<&str> {

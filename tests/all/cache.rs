@@ -87,6 +87,36 @@ async fn updates_invalidate_and_nothing_is_read_before_them() {
     ctx.close().await;
 }
 
+/// A change made after a resource's first read and before its subscription
+/// is in place is never notified (the fixture makes one). The entry read
+/// before the subscription was acknowledged lives only `cache_ttl_ms`, so
+/// the change is seen then; the next one, read once the subscription is in
+/// place, is kept by the subscription alone (not read again past the TTL)
+/// and a notified change still reaches it at once.
+#[tokio::test]
+async fn a_change_before_the_subscription_is_in_place_is_seen_within_the_ttl() {
+    let t = tag();
+    let f = files();
+    let args = ["--subscribe", "--change-before-subscribe", "version two"];
+    let yaml = format!("servers:\n{}    cache_ttl_ms: 500\n", server(&t, &f, &args));
+    let ctx = McpContext::from_config(&config(&yaml)).await.unwrap();
+    assert!(content(&ctx, "u").await.contains("version one"));
+    assert!(eventually(async || reads_of(&f.log, "subscribe fx://live") == 1).await);
+    let changed = async || std::fs::read_to_string(&f.live).unwrap() == "version two";
+    assert!(eventually(changed).await, "the server changed it, unnotified");
+    // Before the fix this entry lived by its subscription, forever.
+    assert!(eventually(async || content(&ctx, "u").await.contains("version two")).await);
+    assert_eq!(reads_of(&f.log, "fx://live"), 2);
+    // Kept by the subscription now: three TTLs on, not read again (a bound on staleness, not a speed).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(content(&ctx, "u").await.contains("version two"));
+    assert_eq!(reads_of(&f.log, "fx://live"), 2, "{:?}", read_log(&f.log));
+    std::fs::write(&f.live, "version three").unwrap();
+    assert!(eventually(async || content(&ctx, "u").await.contains("version three")).await);
+    assert_eq!(reads_of(&f.log, "fx://live"), 3);
+    ctx.close().await;
+}
+
 #[tokio::test]
 async fn list_changed_relists_and_drops_what_disappeared() {
     let t = tag();

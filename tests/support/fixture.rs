@@ -80,6 +80,11 @@ pub struct Options {
     /// Every read waits this long after taking its content and before
     /// answering (a read whose content is old by the time it arrives).
     pub answer_after_ms: u64,
+    /// On the first `resources/subscribe` of fx://live: write this to the
+    /// live file, wait until the watcher has seen it (notifying nobody: no
+    /// client is subscribed yet), then take the subscription. A change made
+    /// between a client's first read and its subscription, never notified.
+    pub change_before_subscribe: Option<String>,
 }
 
 /// The files of a `--dir` directory, sorted by name.
@@ -143,6 +148,7 @@ pub struct Fixture {
     /// Reads waiting out `delay_ms` now, and the most seen at once.
     delayed: Arc<AtomicUsize>,
     pub peak_delayed: Arc<AtomicUsize>,
+    changed_before_subscribe: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Fixture {
@@ -157,6 +163,7 @@ impl Fixture {
             inflight: Arc::default(),
             delayed: Arc::default(),
             peak_delayed: Arc::default(),
+            changed_before_subscribe: Arc::default(),
         }
     }
 
@@ -380,6 +387,14 @@ impl ServerHandler for Fixture {
             && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
         {
             let _ = f.write_all(format!("subscribe {}\n", request.uri).as_bytes());
+        }
+        if let (Some(text), Some(live)) = (&self.opts.change_before_subscribe, &self.opts.live)
+            && request.uri.ends_with("fx://live")
+            && !self.changed_before_subscribe.swap(true, Ordering::SeqCst)
+        {
+            let _ = std::fs::write(live, text);
+            // Ten of the watcher's polls.
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         self.subs.lock().unwrap().push((request.uri, cx.peer));
         Ok(())

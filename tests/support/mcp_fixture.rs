@@ -9,7 +9,8 @@
 //! on stdout before serving), `--hang-list` (never answers resources/list),
 //! `--only-2026` (rejects `initialize`), `--only-2025` (no `server/discover`),
 //! `--record-lifecycle` (also logs discover/initialize/listen), `--list-ttl-ms N` / `--read-ttl-ms N` (list / read results carry
-//! `ttlMs: N`, `cacheScope: public`).
+//! `ttlMs: N`, `cacheScope: public`), `--change-before-subscribe TEXT` (the
+//! live file takes TEXT, unnotified, just before fx://live's first subscription).
 
 #[path = "fixture.rs"]
 mod handler;
@@ -92,6 +93,7 @@ fn main() {
         read_ttl_ms: val("--read-ttl-ms").and_then(|v| v.parse().ok()),
         delay_ms: num("--delay-ms", 0) as u64,
         answer_after_ms: num("--answer-after-ms", 0) as u64,
+        change_before_subscribe: val("--change-before-subscribe"),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
