@@ -9,9 +9,13 @@
 //! ```
 //!
 //! The file is read again on every lookup, so a secret stored by
-//! `mcp-context auth set` is seen by a running `serve` at once. Writers in
-//! one process are serialised; two processes writing at the same moment may
-//! lose one of the two changes (the last rename wins), never corrupt the file.
+//! `mcp-context auth set` is seen by a running `serve` at once. A change
+//! (read, change, rename) holds an exclusive lock on `.<name>.lock` beside
+//! the file (`flock` on Unix, `LockFileEx` on Windows), so writers in any
+//! number of processes on one machine lose no change; readers take no lock
+//! (the rename shows them the old file or the new, whole). A network file
+//! system that does not honour these locks is not supported for writers in
+//! several processes.
 //!
 //! Layer: sources (credentials). Imports the sealing and the error type.
 
@@ -55,29 +59,66 @@ impl FileTokenStore {
 
     async fn load(&self) -> Result<Doc> {
         match tokio::fs::read(&self.path).await {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                store_error(&format!("`{}` is not a credential file of this version", self.path.display()), e)
-            }),
+            Ok(bytes) => parse(&self.path, &bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Doc { version: 1, ..Doc::default() }),
             Err(e) => Err(store_error(&format!("cannot read `{}`", self.path.display()), e)),
         }
     }
 
-    async fn save(&self, doc: &Doc) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(doc).map_err(|e| store_error("cannot encode the credential file", e))?;
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || write_atomically(&path, &bytes))
-            .await
-            .map_err(Error::task("credential file write"))?
-    }
-
-    async fn update(&self, change: impl FnOnce(&mut Doc)) -> Result<()> {
+    /// Applies `change` to the file under its lock: no other writer, in
+    /// this process or another, reads or renames between our read and our
+    /// rename.
+    async fn update(&self, change: impl FnOnce(&mut Doc) + Send + 'static) -> Result<()> {
         let _one = self.write.lock().await;
-        let mut doc = self.load().await?;
-        doc.version = 1;
-        change(&mut doc);
-        self.save(&doc).await
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let _lock = lock(&path)?;
+            let mut doc = match std::fs::read(&path) {
+                Ok(bytes) => parse(&path, &bytes)?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Doc::default(),
+                Err(e) => return Err(store_error(&format!("cannot read `{}`", path.display()), e)),
+            };
+            doc.version = 1;
+            change(&mut doc);
+            let bytes =
+                serde_json::to_vec_pretty(&doc).map_err(|e| store_error("cannot encode the credential file", e))?;
+            write_atomically(&path, &bytes)
+        })
+        .await
+        .map_err(Error::task("credential file write"))?
     }
+}
+
+fn parse(path: &Path, bytes: &[u8]) -> Result<Doc> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| store_error(&format!("`{}` is not a credential file of this version", path.display()), e))
+}
+
+/// The folder of `path`, made (mode 0700) if missing.
+fn folder(path: &Path) -> Result<&Path> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(|e| store_error(&format!("cannot make the folder of `{}`", path.display()), e))?;
+    Ok(dir)
+}
+
+/// An exclusive lock on `.<name>.lock` beside `path` (made, mode 0600, and
+/// never removed: removing it would let two writers lock two files), held
+/// until the returned file is dropped.
+fn lock(path: &Path) -> Result<std::fs::File> {
+    let name = format!(".{}.lock", path.file_name().and_then(|n| n.to_str()).unwrap_or("tokens"));
+    let lock_path = folder(path)?.join(name);
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file =
+        options.open(&lock_path).map_err(|e| store_error(&format!("cannot open `{}`", lock_path.display()), e))?;
+    file.lock().map_err(|e| store_error(&format!("cannot lock `{}`", lock_path.display()), e))?;
+    Ok(file)
 }
 
 /// `bytes` into `path` by a temporary file in the same folder (mode 0600,
@@ -85,12 +126,7 @@ impl FileTokenStore {
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write as _;
     let io = |what: &str, e: std::io::Error| store_error(&format!("{what} `{}`", path.display()), e);
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir).map_err(|e| io("cannot make the folder of", e))?;
+    let dir = folder(path)?;
     let mut random = [0u8; 8];
     let _ = getrandom::fill(&mut random);
     let name = format!(".{}.{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("tokens"), hex(&random));
@@ -130,8 +166,9 @@ impl TokenStore for FileTokenStore {
     fn put<'a>(&'a self, server: &'a str, user: &'a str, tokens: &'a TokenSet) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let sealed = base64::engine::general_purpose::STANDARD.encode(self.sealer.seal(server, user, tokens)?);
-            self.update(|doc| {
-                doc.records.entry(server.to_owned()).or_default().insert(user_key(user), sealed);
+            let (server, user) = (server.to_owned(), user_key(user));
+            self.update(move |doc| {
+                doc.records.entry(server).or_default().insert(user, sealed);
             })
             .await
         })
@@ -139,11 +176,12 @@ impl TokenStore for FileTokenStore {
 
     fn delete<'a>(&'a self, server: &'a str, user: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.update(|doc| {
-                if let Some(m) = doc.records.get_mut(server) {
-                    m.remove(&user_key(user));
+            let (server, user) = (server.to_owned(), user_key(user));
+            self.update(move |doc| {
+                if let Some(m) = doc.records.get_mut(&server) {
+                    m.remove(&user);
                     if m.is_empty() {
-                        doc.records.remove(server);
+                        doc.records.remove(&server);
                     }
                 }
             })
@@ -193,8 +231,13 @@ mod tests {
         assert!(store.get("drive", "alice").await.unwrap().is_none());
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(!text.contains("SECRET") && !text.contains("alice") && !text.contains("X-Api-Key"), "{text}");
-        // Only the one file: no temporary left, nothing named after a user.
-        assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().count(), 1);
+        // Only the file and its lock: no temporary left, nothing named after a user.
+        let mut names: Vec<String> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [".tokens.json.lock", "tokens.json"]);
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -204,6 +247,42 @@ mod tests {
         store.delete("jira", "alice").await.unwrap();
         assert!(store.get("jira", "alice").await.unwrap().is_none());
         assert!(store.get("jira", "bob").await.unwrap().is_some());
+    }
+
+    /// Two stores on one file, as two processes (`serve` and `auth set`)
+    /// are: their writers are not serialised by each other's mutex, so only
+    /// the file lock keeps every change.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_writers_on_one_file_lose_no_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.json");
+        let stores = [
+            std::sync::Arc::new(FileTokenStore::new(&path, sealer(1))),
+            std::sync::Arc::new(FileTokenStore::new(&path, sealer(1))),
+        ];
+        let tasks: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(w, store)| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    for i in 0..60 {
+                        store.put("jira", &format!("user-{w}-{i}"), &headers("v")).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(stores[0].count("jira").await.unwrap(), Some(120));
+        // The lock file stays beside it (empty, mode 0600); no temporary is left.
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [".tokens.json.lock", "tokens.json"]);
     }
 
     #[tokio::test]
