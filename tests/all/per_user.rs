@@ -374,6 +374,53 @@ async fn includes_and_requested_uris_on_a_per_user_server_pass_the_users_own_gat
     ctx.close().await;
 }
 
+/// A per-user view follows its server's `list_changed` like a shared
+/// server does, on both protocol revisions (2025-11-25's stream, 2026-07-28's
+/// `subscriptions/listen`): a resource gone from the server's listing leaves
+/// alice's, and one that appears joins it. The server is the Rust
+/// fixture over Streamable HTTP, reached with alice's header.
+#[tokio::test]
+async fn a_views_listing_follows_list_changed_on_both_revisions() {
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        let dir = tempfile::tempdir().unwrap();
+        let list = dir.path().join("n.txt");
+        std::fs::write(&list, "3").unwrap();
+        let opts = crate::handler::Options {
+            n: 3,
+            size: 64,
+            subscribe: true,
+            list_file: Some(list.to_string_lossy().into_owned()),
+            ..Default::default()
+        };
+        let (mcp, _fixture, _stop) = http_fixture(opts).await;
+        let yaml = format!(
+            "servers:\n  notes:\n    url: {mcp}\n    protocol: \"{protocol}\"\n    auth: {{ type: per_user_headers, headers: [Authorization] }}\ncredentials:\n{}",
+            file_credentials()
+        );
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, &yaml).unwrap();
+        let config = mcp_context::Config::load(&path).unwrap();
+        auth_set(&path, "alice", "Bearer key-alice", &[]);
+        let ctx = McpContext::from_config(&config).await.unwrap();
+        let (_, r) = ctx.build(&"alice".into()).await.unwrap();
+        assert_eq!(auth_state(&r, "notes"), "connected", "{protocol}: {r:#?}");
+        // The view's listing (nothing read: a read error cannot stand in for a listing change).
+        let docs = async |ctx: &McpContext| -> Vec<String> {
+            ctx.visible_resources("alice").await.iter().map(|r| r.id.to_string()).collect()
+        };
+        assert_eq!(docs(&ctx).await, ["notes:fx://doc/0", "notes:fx://doc/1", "notes:fx://doc/2"], "{protocol}");
+        std::fs::write(&list, "2").unwrap();
+        assert!(
+            eventually(async || docs(&ctx).await == ["notes:fx://doc/0", "notes:fx://doc/1"]).await,
+            "{protocol}: the view never dropped fx://doc/2: {:?}",
+            docs(&ctx).await
+        );
+        std::fs::write(&list, "4").unwrap();
+        assert!(eventually(async || docs(&ctx).await.len() == 4).await, "{protocol}: {:?}", docs(&ctx).await);
+        ctx.close().await;
+    }
+}
+
 fn http() -> reqwest::Client {
     crate::serve::http()
 }
