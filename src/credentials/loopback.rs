@@ -58,7 +58,7 @@ pub async fn loopback_login(
                 continue;
             }
             if let Some(e) = get("error") {
-                flows.abandon(&started.state);
+                flows.abandon(&started.state).await;
                 let e: String = e.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').take(60).collect();
                 let _ = answer(&mut sock, 400, &format!("Not connected: the authorization server said `{e}`.")).await;
                 return Err(Error::authorization(server, format!("the authorization server said `{e}`"), true));
@@ -75,7 +75,7 @@ pub async fn loopback_login(
     match tokio::time::timeout(wait, serve).await {
         Ok(r) => r,
         Err(_) => {
-            flows.abandon(&started.state);
+            flows.abandon(&started.state).await;
             Err(Error::authorization(server, format!("no answer from the browser within {} s", wait.as_secs()), false))
         }
     }

@@ -26,12 +26,13 @@ pub use oauth::{
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use futures::future::BoxFuture;
 use secrecy::SecretString;
+use secrecy::zeroize::Zeroizing;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 // Per-user foundation (helper A): sealing, the file and Redis stores, and
 // the one resolution hook every auth kind goes through (`resolve.rs`).
@@ -154,6 +155,28 @@ pub trait TokenStore: Send + Sync {
     /// How many users hold a record for `server`, when the store can tell
     /// (`auth status` without `--user`).
     fn count<'a>(&'a self, _server: &'a str) -> BoxFuture<'a, Result<Option<usize>>> {
+        Box::pin(async { Ok(None) })
+    }
+    /// Whether this store keeps pending OAuth authorizations where every
+    /// process using it finds them (then its `*_pending` methods are the
+    /// authority; else each process keeps its own in memory).
+    fn shares_pending(&self) -> bool {
+        false
+    }
+    /// Keeps the pending authorization `record` under `state` for `ttl`
+    /// (sealed by the store, keyed by a digest of `state`).
+    fn put_pending<'a>(&'a self, _state: &'a str, _record: &'a [u8], _ttl: Duration) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async {
+            Err(Error::TokenStore { what: "this store keeps no pending authorizations".into(), source: None })
+        })
+    }
+    /// The record pending under `state`, left in place.
+    fn peek_pending<'a>(&'a self, _state: &'a str) -> BoxFuture<'a, Result<Option<Zeroizing<Vec<u8>>>>> {
+        Box::pin(async { Ok(None) })
+    }
+    /// The record pending under `state`, removed in the same step (at most
+    /// one caller, in any process, gets it).
+    fn take_pending<'a>(&'a self, _state: &'a str) -> BoxFuture<'a, Result<Option<Zeroizing<Vec<u8>>>>> {
         Box::pin(async { Ok(None) })
     }
 }

@@ -15,7 +15,10 @@
 //! (RFC 8707) is the server's (so the token's audience is that server);
 //! `iss` in the redirect is checked when present (RFC 9207). Pending
 //! authorizations are bounded: [`PENDING_MAX`] in all, [`PENDING_PER_USER`]
-//! per user, each valid [`PENDING_TTL`] and usable once.
+//! per user (in each process that starts them), each valid [`PENDING_TTL`]
+//! and usable once. With a shared token store (Redis) they are also kept
+//! there, sealed, and taken from there: the redirect may come back to any
+//! replica, and only one can use it.
 //!
 //! # Why not rmcp's `auth` feature
 //! rmcp 3.11's `AuthorizationManager` is one OAuth client for one user: it
@@ -86,6 +89,47 @@ struct Pending {
     verifier: SecretString,
     redirect_uri: String,
     created: Instant,
+}
+
+/// A pending authorization as a shared store keeps it (sealed there).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PendingRecord {
+    server: String,
+    user: String,
+    verifier: String,
+    redirect_uri: String,
+    /// Milliseconds since the epoch.
+    created_ms: u64,
+}
+
+impl PendingRecord {
+    fn of(p: &Pending) -> Self {
+        let age = p.created.elapsed();
+        let created = std::time::SystemTime::now().checked_sub(age).unwrap_or(std::time::UNIX_EPOCH);
+        PendingRecord {
+            server: p.server.clone(),
+            user: p.user.clone(),
+            verifier: p.verifier.expose_secret().to_owned(),
+            redirect_uri: p.redirect_uri.clone(),
+            created_ms: created.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+
+    /// The record in `bytes`, as a [`Pending`] of the same age; `None` when
+    /// it does not parse.
+    fn parse(bytes: &[u8]) -> Option<Pending> {
+        let r: PendingRecord = serde_json::from_slice(bytes).ok()?;
+        let created = std::time::UNIX_EPOCH + Duration::from_millis(r.created_ms);
+        let age = std::time::SystemTime::now().duration_since(created).unwrap_or(Duration::ZERO);
+        Some(Pending {
+            server: r.server,
+            user: r.user,
+            verifier: SecretString::from(r.verifier),
+            redirect_uri: r.redirect_uri,
+            // Older than any deadline when the clock cannot go that far back.
+            created: Instant::now().checked_sub(age).unwrap_or_else(|| Instant::now() - PENDING_TTL * 2),
+        })
+    }
 }
 
 /// What discovery found for one server.
@@ -205,6 +249,19 @@ impl OAuthFlows {
                 },
             );
         }
+        // Where the store is shared (Redis), the callback may reach any replica: it finds the authorization there.
+        if self.store.shares_pending() {
+            let record = self.lock_pending().get(&state).map(PendingRecord::of);
+            let bytes = record.and_then(|r| serde_json::to_vec(&r).ok()).map(secrecy::zeroize::Zeroizing::new);
+            let kept = match bytes {
+                Some(b) => self.store.put_pending(&state, &b, PENDING_TTL).await,
+                None => Err(Error::TokenStore { what: "cannot encode a pending authorization".into(), source: None }),
+            };
+            if let Err(e) = kept {
+                self.lock_pending().remove(&state);
+                return Err(Error::authorization(server, format!("cannot keep the authorization: {e}"), false));
+            }
+        }
         let mut url = endpoint;
         {
             let mut q = url.query_pairs_mut();
@@ -222,15 +279,48 @@ impl OAuthFlows {
         Ok(AuthorizationStart { url: url.into(), state })
     }
 
-    /// Whom `state` was issued to, while it is pending (not consumed).
-    pub fn pending_user(&self, state: &str) -> Option<(String, String)> {
+    /// Whom `state` was issued to, while it is pending (not consumed): the
+    /// server and the user.
+    pub async fn pending_user(&self, state: &str) -> Option<(String, String)> {
+        if self.store.shares_pending() {
+            let p = self.store.peek_pending(state).await.ok()??;
+            return PendingRecord::parse(&p).filter(|p| p.created.elapsed() < PENDING_TTL).map(|p| (p.server, p.user));
+        }
         self.lock_pending().get(state).map(|p| (p.server.clone(), p.user.clone()))
     }
 
     /// Forgets the pending authorization `state` (the authorization server
     /// answered with an error).
-    pub fn abandon(&self, state: &str) {
+    pub async fn abandon(&self, state: &str) {
         self.lock_pending().remove(state);
+        if self.store.shares_pending()
+            && let Err(e) = self.store.take_pending(state).await
+        {
+            tracing::warn!(error = %e, "cannot forget a pending authorization (it expires on its own)");
+        }
+    }
+
+    /// Takes the pending authorization `state` unless it was issued to
+    /// someone other than `expect_user`: from the shared store when there is
+    /// one (`GETDEL`: one taker in all replicas), else from this process.
+    async fn take(&self, state: &str, expect_user: Option<&str>) -> Result<Option<Pending>> {
+        if !self.store.shares_pending() {
+            let mut all = self.lock_pending();
+            return Ok(match all.get(state) {
+                Some(p) if expect_user.is_some_and(|u| u != p.user) => None,
+                Some(_) => all.remove(state),
+                None => None,
+            });
+        }
+        let Some(peeked) = self.store.peek_pending(state).await?.and_then(|b| PendingRecord::parse(&b)) else {
+            return Ok(None);
+        };
+        if expect_user.is_some_and(|u| u != peeked.user) {
+            return Ok(None);
+        }
+        let taken = self.store.take_pending(state).await?.and_then(|b| PendingRecord::parse(&b));
+        self.lock_pending().remove(state);
+        Ok(taken)
     }
 
     /// Ends an authorization: `state` must be pending (it is consumed
@@ -250,14 +340,7 @@ impl OAuthFlows {
         iss: Option<&str>,
         expect_user: Option<&str>,
     ) -> Result<Connected> {
-        let pending = {
-            let mut all = self.lock_pending();
-            match all.get(state) {
-                Some(p) if expect_user.is_some_and(|u| u != p.user) => None,
-                Some(_) => all.remove(state),
-                None => None,
-            }
-        };
+        let pending = self.take(state, expect_user).await?;
         let Some(p) = pending.filter(|p| p.created.elapsed() < PENDING_TTL) else {
             return Err(Error::authorization(
                 "(unknown)",
@@ -541,14 +624,14 @@ mod tests {
         // Without `iss` while the server says it sends one: refused, state used up.
         let b = f.start("s", "alice", "http://127.0.0.1:3/cb").await.unwrap();
         assert!(f.finish(&b.state, "code", None, None).await.unwrap_err().to_string().contains("another issuer"));
-        assert!(f.pending_user(&b.state).is_none());
+        assert!(f.pending_user(&b.state).await.is_none());
         // Another user's state is refused and left pending for its owner.
         assert!(f.finish(&a.state, "code", None, Some("bob")).await.is_err());
-        assert_eq!(f.pending_user(&a.state), Some(("s".into(), "alice".into())));
+        assert_eq!(f.pending_user(&a.state).await, Some(("s".into(), "alice".into())));
         // The wrong issuer: refused before the token endpoint, and the state is used up.
         let e = f.finish(&a.state, "code", Some("http://evil"), None).await.unwrap_err();
         assert!(e.to_string().contains("another issuer"), "{e}");
-        assert!(f.pending_user(&a.state).is_none());
+        assert!(f.pending_user(&a.state).await.is_none());
         assert!(f.finish(&a.state, "code", None, None).await.is_err());
         assert!(f.start("nope", "alice", "http://127.0.0.1:3/cb").await.is_err());
     }

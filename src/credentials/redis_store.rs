@@ -6,6 +6,11 @@
 //! sealed bytes; they carry no expiry (a credential lasts until replaced or
 //! logged out; an expired OAuth token is refreshed or replaced by its flow).
 //!
+//! Pending OAuth authorizations are kept here too, so that the callback may
+//! reach any replica: `{prefix}oauth-pending:{sha256(state) hex}`, sealed,
+//! expiring with the authorization, taken with `GETDEL` (used once, by one
+//! replica).
+//!
 //! Unlike the shared cache, a Redis that is down is an error here (the
 //! caller then reports the server as not connected for that request).
 //!
@@ -14,6 +19,8 @@
 use futures::future::BoxFuture;
 use redis::AsyncCommands as _;
 use secrecy::ExposeSecret;
+use secrecy::zeroize::Zeroizing;
+use std::time::Duration;
 
 use super::seal::{Sealer, store_error};
 use super::{TokenSet, TokenStore, user_key};
@@ -69,6 +76,27 @@ impl RedisTokenStore {
         format!("{}cred:{server}:{}", self.prefix, user_key(user))
     }
 
+    /// The key of a pending authorization (`{prefix}oauth-pending:{sha256(state) hex}`: the state, which
+    /// works like a password for the callback, is not a key) and its associated data, which binds the sealed
+    /// record to that key: a record moved under another state does not open.
+    fn pending_key(&self, state: &str) -> (String, Vec<u8>) {
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(state.as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let mut ad = b"mcp-context/oauth-pending/v1/".to_vec();
+        ad.extend_from_slice(hex.as_bytes());
+        (format!("{}oauth-pending:{hex}", self.prefix), ad)
+    }
+
+    /// The pending record of `state`, by `command` (`GET` leaves it,
+    /// `GETDEL` takes it); `None` when absent or when it does not open.
+    async fn pending(&self, state: &str, command: &str) -> Result<Option<Zeroizing<Vec<u8>>>> {
+        let (key, ad) = self.pending_key(state);
+        let mut c = self.conn().await?;
+        let got: Option<Vec<u8>> =
+            redis::cmd(command).arg(key).query_async(&mut c).await.map_err(|e| self.error(command, e))?;
+        Ok(got.and_then(|b| self.sealer.open_with(&ad, &b)))
+    }
+
     async fn conn(&self) -> Result<redis::aio::ConnectionManager> {
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.timeout))
@@ -107,6 +135,28 @@ impl TokenStore for RedisTokenStore {
             let mut c = self.conn().await?;
             c.del::<_, ()>(self.key(server, user)).await.map_err(|e| self.error("DEL", e))
         })
+    }
+
+    fn shares_pending(&self) -> bool {
+        true
+    }
+
+    fn put_pending<'a>(&'a self, state: &'a str, record: &'a [u8], ttl: Duration) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let (key, ad) = self.pending_key(state);
+            let sealed = self.sealer.seal_with(&ad, record)?;
+            let mut c = self.conn().await?;
+            let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+            c.pset_ex::<_, _, ()>(key, sealed, ms).await.map_err(|e| self.error("SET", e))
+        })
+    }
+
+    fn peek_pending<'a>(&'a self, state: &'a str) -> BoxFuture<'a, Result<Option<Zeroizing<Vec<u8>>>>> {
+        Box::pin(self.pending(state, "GET"))
+    }
+
+    fn take_pending<'a>(&'a self, state: &'a str) -> BoxFuture<'a, Result<Option<Zeroizing<Vec<u8>>>>> {
+        Box::pin(self.pending(state, "GETDEL"))
     }
 
     fn count<'a>(&'a self, server: &'a str) -> BoxFuture<'a, Result<Option<usize>>> {
@@ -177,5 +227,28 @@ mod tests {
         store.delete("jira", "alice").await.unwrap();
         store.delete("jira", "bob").await.unwrap();
         assert!(store.get("jira", "bob").await.unwrap().is_none());
+
+        // Pending authorizations: sealed under a digest of the state, expiring, taken once; a record moved
+        // under another state does not open.
+        assert!(store.shares_pending());
+        let ttl = std::time::Duration::from_secs(600);
+        store.put_pending("state-A", b"{\"verifier\":\"v-SECRET\"}", ttl).await.unwrap();
+        store.put_pending("state-B", b"other", ttl).await.unwrap();
+        let (key_a, _) = store.pending_key("state-A");
+        assert!(!key_a.contains("state-A"));
+        let raw: Vec<u8> = c.get(&key_a).await.unwrap();
+        assert!(!raw.windows(6).any(|w| w == b"SECRET"), "sealed");
+        let pttl: i64 = redis::cmd("PTTL").arg(&key_a).query_async(&mut c).await.unwrap();
+        assert!(pttl > 590_000 && pttl <= 600_000, "{pttl}");
+        assert_eq!(
+            store.peek_pending("state-A").await.unwrap().as_deref().map(|b| b.as_slice()),
+            Some(&b"{\"verifier\":\"v-SECRET\"}"[..])
+        );
+        let (key_b, _) = store.pending_key("state-B");
+        c.set::<_, _, ()>(&key_b, raw).await.unwrap();
+        assert!(store.take_pending("state-B").await.unwrap().is_none(), "moved under another state");
+        assert!(store.take_pending("state-A").await.unwrap().is_some());
+        assert!(store.take_pending("state-A").await.unwrap().is_none(), "taken once");
+        assert!(store.peek_pending("state-A").await.unwrap().is_none());
     }
 }

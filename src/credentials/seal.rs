@@ -98,19 +98,36 @@ impl Sealer {
             headers: tokens.headers.iter().map(|(k, v)| (k.clone(), v.expose_secret().to_owned())).collect(),
         };
         let bytes = Zeroizing::new(serde_json::to_vec(&plain).map_err(|e| store_error("cannot encode a record", e))?);
+        self.seal_with(&associated(server, user), &bytes)
+    }
+
+    /// `bytes` sealed with `ad` as associated data (the record layout of
+    /// this file): for records other than token sets, each kind with an
+    /// associated data of its own.
+    pub(crate) fn seal_with(&self, ad: &[u8], bytes: &[u8]) -> Result<Vec<u8>> {
         let mut nonce = [0u8; NONCE];
         getrandom::fill(&mut nonce)
             .map_err(|e| Error::TokenStore { what: format!("no random numbers for a nonce: {e}"), source: None })?;
-        let ad = associated(server, user);
         let sealed = self
             .cipher
-            .encrypt(&XNonce::from(nonce), Payload { msg: &bytes, aad: &ad })
+            .encrypt(&XNonce::from(nonce), Payload { msg: bytes, aad: ad })
             .map_err(|_| Error::TokenStore { what: "cannot seal a record".into(), source: None })?;
         let mut out = Vec::with_capacity(1 + NONCE + sealed.len());
         out.push(VERSION);
         out.extend_from_slice(&nonce);
         out.extend_from_slice(&sealed);
         Ok(out)
+    }
+
+    /// The bytes sealed in `record` with `ad`; `None` when it does not open
+    /// (another key, another associated data, or not this layout).
+    pub(crate) fn open_with(&self, ad: &[u8], record: &[u8]) -> Option<Zeroizing<Vec<u8>>> {
+        if record.len() < 1 + NONCE + 16 || record[0] != VERSION {
+            return None;
+        }
+        let mut n = [0u8; NONCE];
+        n.copy_from_slice(&record[1..1 + NONCE]);
+        self.cipher.decrypt(&XNonce::from(n), Payload { msg: &record[1 + NONCE..], aad: ad }).ok().map(Zeroizing::new)
     }
 
     /// The token set sealed in `record` for (`server`, `user`). A record that
@@ -123,20 +140,13 @@ impl Sealer {
                 source: None,
             });
         }
-        let ad = associated(server, user);
-        let mut n = [0u8; NONCE];
-        n.copy_from_slice(&record[1..1 + NONCE]);
-        let nonce = &XNonce::from(n);
-        let bytes =
-            Zeroizing::new(self.cipher.decrypt(nonce, Payload { msg: &record[1 + NONCE..], aad: &ad }).map_err(
-                |_| Error::TokenStore {
-                    what: format!(
-                        "the record of server `{server}` for this user does not open: it was sealed with another \
-                     key (check `credentials.key`) or for another user or server"
-                    ),
-                    source: None,
-                },
-            )?);
+        let bytes = self.open_with(&associated(server, user), record).ok_or_else(|| Error::TokenStore {
+            what: format!(
+                "the record of server `{server}` for this user does not open: it was sealed with another key (check \
+                 `credentials.key`) or for another user or server"
+            ),
+            source: None,
+        })?;
         let plain: Plain =
             serde_json::from_slice(&bytes).map_err(|e| store_error("a record opened but is not valid", e))?;
         Ok(TokenSet {

@@ -127,7 +127,7 @@ pub(super) async fn callback(state: &AppState, req: Request) -> Result<Response,
     // A caller identified on the callback too must be the state's user.
     if req.headers().contains_key(header::AUTHORIZATION) {
         let (who, _) = caller(state, req.headers()).await?;
-        let pending = flows.pending_user(st);
+        let pending = flows.pending_user(st).await;
         if let (FromHeaders::User(id), Some((_, user))) = (&who, &pending)
             && id.user != *user
         {
@@ -137,7 +137,7 @@ pub(super) async fn callback(state: &AppState, req: Request) -> Result<Response,
     }
     if let Some(e) = param("error") {
         // The state is consumed: an answer without a code cannot finish it later.
-        flows.abandon(st);
+        flows.abandon(st).await;
         let e: String = e.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').take(60).collect();
         return Ok(refuse(&format!("the authorization server said `{e}`")));
     }

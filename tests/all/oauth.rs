@@ -786,13 +786,16 @@ async fn token_exchange_through_serve() {
 }
 
 /// Two `serve` replicas over one Redis (the credential store and the shared
-/// cache): alice connects through the first one's endpoints, and the second
-/// injects her view with the token the first obtained; bob, connected
-/// nowhere, gets `needs_authorization` from both. Redis holds her tokens
-/// sealed (no JWT, no user name in any key).
+/// cache): alice starts connecting at the first, and the redirect comes back
+/// to the second (as a load balancer may send it), which finishes it from
+/// the sealed pending record in Redis; replayed at the first, it is refused
+/// (used once in all replicas). The first injects her view with the token
+/// the second obtained; bob, connected nowhere, gets `needs_authorization`
+/// from both. Redis holds her pending authorization and her tokens sealed
+/// (no JWT, no verifier, no user name in any key or value).
 #[tokio::test]
-async fn a_second_replica_uses_the_token_the_first_obtained() {
-    let test = "a_second_replica_uses_the_token_the_first_obtained";
+async fn replicas_share_pending_authorizations_and_tokens() {
+    let test = "replicas_share_pending_authorizations_and_tokens";
     let url = std::env::var("MCP_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
     let Ok(mut redis) = redis::Client::open(url.as_str()).and_then(|c| c.get_connection()) else {
         return skip(test, "no Redis");
@@ -819,9 +822,25 @@ async fn a_second_replica_uses_the_token_the_first_obtained() {
 
     let mut browser = Browser::default();
     let (_, location, _) = browser.get(&format!("{}/auth/drive/start", first.url), Some("key-alice")).await;
-    let back = browser.authorize(&location.unwrap(), "alice", &format!("{}/auth/callback", first.url)).await;
-    let (status, _, page) = browser.get(&back, None).await;
+    // Pending, the authorization is in Redis for every replica, sealed: no user name, verifier or state in clear.
+    let pending: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}oauth-pending:*")).query(&mut redis).unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let location = location.unwrap();
+    let state = query_param(&location, "state").unwrap();
+    let raw: Vec<u8> = redis::cmd("GET").arg(&pending[0]).query(&mut redis).unwrap();
+    for s in ["alice", "drive", "verifier", &state] {
+        assert!(!raw.windows(s.len()).any(|w| w == s.as_bytes()) && !pending[0].contains(s), "{s} in clear");
+    }
+    let back = browser.authorize(&location, "alice", &format!("{}/auth/callback", first.url)).await;
+    // A load balancer sends the redirect to the other replica: it finishes the authorization there.
+    let (status, _, page) = browser.get(&back.replacen(&first.url, &second.url, 1), None).await;
     assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Connected: alice"), "{page}");
+    // Used once in all replicas: the same redirect, cookie and all, replayed at the first is refused.
+    browser.jar.insert("mcp_context_auth".into(), state);
+    let (status, _, page) = browser.get(&back, None).await;
+    assert_eq!(status, 400, "{page}");
+    assert!(page.contains("already used"), "{page}");
 
     let chat = |base: &str, key: &str| {
         http()
@@ -830,7 +849,7 @@ async fn a_second_replica_uses_the_token_the_first_obtained() {
             .json(&crate::serve::chat_body("what are my notes?"))
             .send()
     };
-    let r = chat(&second.url, "key-alice").await.unwrap();
+    let r = chat(&first.url, "key-alice").await.unwrap();
     assert_eq!(r.headers()["x-mcp-context-auth"].to_str().unwrap(), "drive=connected");
     let context = up.seen().last().unwrap().body["messages"][0]["content"].as_str().unwrap_or_default().to_owned();
     assert!(context.contains("notes of alice."), "{context}");
