@@ -168,7 +168,8 @@ async fn main() {
             };
             let cold_errors = errors(&ctxs);
             // Subscriptions are set up after the first reads, in the
-            // background: a change before they are acknowledged reaches nobody.
+            // background: a change before they are acknowledged is notified to
+            // nobody (seen only when the first entry's `cache_ttl_ms` ends).
             tokio::time::sleep(Duration::from_millis(200)).await;
             let full = docs + 1;
             let mut per_change = Vec::new();
