@@ -9,7 +9,10 @@
 //! denied resource is never read. A per-user server (`auth:` per user) is
 //! listed and read through the user's own view of it, as in injection.
 //!
-//! Layer: adapters. Imports the orchestrator (`context`), `compose`, `tokenize`, `id`, `resource`; it adds
+//! Every `read_mcp_resource` call leaves an audit record when the audit
+//! trail is on (route `tool:read_mcp_resource`).
+//!
+//! Layer: adapters. Imports the orchestrator (`context`), `audit`, `compose`, `tokenize`, `id`, `resource`; it adds
 //! `McpContext::tools` here so that the orchestrator does not import its adapters.
 
 use async_openai::types::chat::{
@@ -19,6 +22,7 @@ use async_openai::types::chat::{
 use futures::future::join_all;
 use serde_json::json;
 
+use crate::audit::ToolRead;
 use crate::compose::render_text;
 use crate::compose::{cut_to_fit, marker};
 use crate::context::McpContext;
@@ -191,42 +195,68 @@ impl<'a> ResourceTools<'a> {
         let Some(uri) = args.get("uri").and_then(|u| u.as_str()).filter(|u| !u.trim().is_empty()) else {
             return ("Error: No URI provided.".into(), true, "Invalid parameters.".into());
         };
+        let started = std::time::Instant::now();
         let not_found =
             || (format!("Error: Resource not found for URI: {uri}"), true, "Resource not found.".to_string());
-        let Ok(requested) = ResourceId::parse(uri) else { return not_found() };
         // Refused by the gate, denied by the policy and absent all read the
         // same: the model cannot probe for what it may not see.
-        match self.ctx.read_for(user, &requested).await {
+        let read = match ResourceId::parse(uri) {
+            Ok(requested) => self.ctx.read_for(user, &requested).await,
+            Err(_) => Ok(None),
+        };
+        let settings = self.ctx.settings();
+        let (cap, model) = (settings.tool_result_max_tokens, settings.model.clone());
+        let (answer, got) = match read {
             Ok(Some((resource, contents))) => {
                 let text = render_text(&contents, resource.mime_type.as_deref());
-                let cap = self.ctx.settings().tool_result_max_tokens;
-                let model = self.ctx.settings().model.clone();
                 let cache = self.ctx.token_cache();
                 let capped = tokio::task::spawn_blocking(move || cap_tokens(&model, &cache, text, cap)).await;
                 match capped {
-                    Ok(text) => (text, false, format!("Read {}.", resource.id)),
-                    Err(e) => (format!("Error: Failed to read resource: {e}"), true, "Read failed.".into()),
+                    Ok(c) => {
+                        let got = (resource.id.to_string(), c.tokens, c.truncated);
+                        ((c.text, false, format!("Read {}.", resource.id)), Some(got))
+                    }
+                    Err(e) => ((format!("Error: Failed to read resource: {e}"), true, "Read failed.".into()), None),
                 }
             }
-            Ok(None) => not_found(),
-            Err(e) => (format!("Error: Failed to read resource: {e}"), true, "Read failed.".into()),
-        }
+            Ok(None) => (not_found(), None),
+            Err(e) => ((format!("Error: Failed to read resource: {e}"), true, "Read failed.".into()), None),
+        };
+        // The audit trail: what the model got (the SHA-256 of this very text), or a refusal; never the text.
+        let up = self.ctx.policy().for_user(user);
+        self.ctx.audit_tool_read(ToolRead {
+            user,
+            roles: up.roles(),
+            model: &settings.model,
+            budget: cap,
+            got: got.map(|(id, tokens, truncated)| (id, answer.0.as_str(), tokens, truncated)),
+            ms: started.elapsed().as_secs_f64() * 1e3,
+        });
+        answer
     }
+}
+
+/// A tool result cut to its cap: the text, its tokens, and whether it was cut.
+struct Capped {
+    text: String,
+    tokens: usize,
+    truncated: bool,
 }
 
 /// Cuts a tool result to at most `cap` tokens, marker included, with the
 /// packer's own truncation and marker (`[truncated: kept K of N tokens]`).
-fn cap_tokens(model: &str, cache: &crate::tokenize::TokenCache, text: String, cap: usize) -> String {
+fn cap_tokens(model: &str, cache: &crate::tokenize::TokenCache, text: String, cap: usize) -> Capped {
     let (tok, _) = Tokenizer::for_model(model);
     let total = cache.count(&tok, &text);
     if total <= cap {
-        return text;
+        return Capped { text, tokens: total, truncated: false };
     }
-    match cut_to_fit(&tok, "", &text, cap, 0, "") {
+    let text = match cut_to_fit(&tok, "", &text, cap, 0, "") {
         Some(cut) => cut.head,
         // Not even the marker fits: the marker alone says what happened.
         None => marker(0, total),
-    }
+    };
+    Capped { tokens: cache.count(&tok, &text), text, truncated: true }
 }
 
 /// The adapter's entry point on the engine (here, so that the orchestrator
@@ -290,10 +320,13 @@ mod tests {
         let text = "word ".repeat(500);
         let (tok, _) = Tokenizer::for_model("gpt-4o");
         let total = tok.count(&text);
-        let out = cap_tokens("gpt-4o", &cache, text.clone(), 50);
+        let capped = cap_tokens("gpt-4o", &cache, text.clone(), 50);
+        let out = &capped.text;
         assert!(out.ends_with(&format!(" of {total} tokens]")), "{out}");
         assert!(out.contains("[truncated: kept "), "{out}");
-        assert!(tok.count(&out) <= 50, "{}", tok.count(&out));
-        assert_eq!(cap_tokens("gpt-4o", &cache, "short".into(), 50), "short");
+        assert!(tok.count(out) <= 50, "{}", tok.count(out));
+        assert_eq!((capped.tokens, capped.truncated), (tok.count(out), true));
+        let short = cap_tokens("gpt-4o", &cache, "short".into(), 50);
+        assert_eq!((short.text.as_str(), short.tokens, short.truncated), ("short", 1, false));
     }
 }

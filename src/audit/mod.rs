@@ -31,8 +31,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-pub(crate) use self::record::Origin;
 pub use self::record::{AuditRecord, AuditResource};
+pub(crate) use self::record::{Origin, ToolRead};
 pub(crate) use self::record::{digests, included};
 #[cfg(feature = "serve")]
 pub(crate) use self::record::{random_hex, trace_id_of, usable_request_id};

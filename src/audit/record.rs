@@ -107,7 +107,77 @@ impl Origin {
     }
 }
 
+impl Origin {
+    /// A call of the model's `read_mcp_resource` tool, run by the library for
+    /// an application.
+    pub(crate) fn tool_read() -> Self {
+        let traced = crate::telemetry::current().and_then(|t| trace_id_of(&t.traceparent));
+        Origin {
+            route: "tool:read_mcp_resource".into(),
+            identity_source: "library".into(),
+            request_id: random_hex(),
+            trace_id: traced.unwrap_or_else(random_hex),
+        }
+    }
+}
+
+/// One `read_mcp_resource` call, for its record: who asked, under which
+/// roles, what came back (none for a refusal) and how long it took.
+pub(crate) struct ToolRead<'a> {
+    pub(crate) user: &'a str,
+    pub(crate) roles: &'a [String],
+    pub(crate) model: &'a str,
+    /// `context.tool_result_max_tokens`.
+    pub(crate) budget: usize,
+    /// `(id, text the model got, its tokens, cut to the budget)`.
+    pub(crate) got: Option<(String, &'a str, usize, bool)>,
+    pub(crate) ms: f64,
+}
+
 impl AuditRecord {
+    /// The record of a `read_mcp_resource` call: the resource returned, with
+    /// the SHA-256 and tokens of the exact text the model got; or a refusal
+    /// (refused by the gate, denied, absent: the model is told "not found"
+    /// for all), counted as `not found`, with no id.
+    pub(crate) fn tool_read(read: ToolRead<'_>, origin: Origin) -> Self {
+        let tokens = read.got.as_ref().map_or(0, |g| g.2);
+        let included: Arc<[AuditResource]> = match read.got {
+            Some((id, text, tokens, truncated)) => Arc::new([AuditResource {
+                id,
+                sha256: hex_bytes(&Sha256::digest(text.as_bytes())),
+                tokens,
+                truncated,
+                passages: false,
+            }]),
+            None => Arc::new([]),
+        };
+        let excluded = if included.is_empty() {
+            BTreeMap::from([(ExcludeReason::NotFound.to_string(), 1)])
+        } else {
+            BTreeMap::new()
+        };
+        AuditRecord {
+            at: now_rfc3339(),
+            request_id: origin.request_id,
+            trace_id: origin.trace_id,
+            route: origin.route,
+            model: read.model.to_owned(),
+            user: read.user.to_owned(),
+            identity_source: origin.identity_source,
+            roles: read.roles.to_vec(),
+            mode: None,
+            budget: read.budget,
+            tokens,
+            included,
+            excluded,
+            denied: Vec::new(),
+            servers_failed: Vec::new(),
+            upstream_status: None,
+            upstream_ms: None,
+            injection_ms: read.ms,
+        }
+    }
+
     /// The record of `report`, whose resources sent are `included`.
     pub(crate) fn new(
         report: &Report,

@@ -490,6 +490,13 @@ impl McpContext {
         Some(auditor.record(report, message.map(|m| m.audited(report)), origin))
     }
 
+    /// Writes the audit record of a `read_mcp_resource` call, when the audit trail is on.
+    pub(crate) fn audit_tool_read(&self, read: crate::audit::ToolRead<'_>) {
+        if self.audit.is_some() {
+            self.audit(AuditRecord::tool_read(read, Origin::tool_read()));
+        }
+    }
+
     /// Hands a record to the audit sinks (never waits; a full queue drops it, counted).
     pub(crate) fn audit(&self, record: AuditRecord) {
         if let Some(a) = &self.audit {

@@ -393,6 +393,54 @@ async fn a_library_injection_writes_one_record() {
     assert_eq!(ctx.audit_status()[0].written, 2);
 }
 
+/// The model's `read_mcp_resource` calls leave records too (route
+/// `tool:read_mcp_resource`): the resource returned, with the SHA-256 and
+/// tokens of the exact text the model got; a refused read (bob asking for
+/// alice's profile: "not found" to the model) is counted as `not found`, with no id
+/// and nothing of what was asked. No resource text in any record.
+#[tokio::test]
+async fn the_models_tool_reads_are_audited_too() {
+    use mcp_context::tools::READ_TOOL;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("audit.jsonl");
+    let yaml = format!(
+        "servers:\n{}policy: {:?}\naudit:\n  sinks:\n    - file: {{ path: {:?} }}\n",
+        demo_server("demo", &tag()),
+        policies_dir(),
+        file
+    );
+    let config = mcp_context::Config::from_yaml(&yaml, &dir.path().join("c.yaml")).unwrap();
+    let ctx = mcp_context::McpContext::from_config(&config).await.unwrap();
+    let guide = ctx.tools().run("1", READ_TOOL, r#"{"uri":"demo:demo://docs/guide"}"#, "bob").await;
+    assert!(!guide.is_error && guide.content.contains("Acme Notes guide"), "{}", guide.content);
+    let refused = ctx.tools().run("2", READ_TOOL, r#"{"uri":"demo:demo://users/alice/profile"}"#, "bob").await;
+    assert!(refused.is_error, "{}", refused.content);
+    ctx.close().await;
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for r in &lines {
+        assert_eq!((r["route"].as_str(), r["user"].as_str()), (Some("tool:read_mcp_resource"), Some("bob")));
+        assert_eq!(r["identity_source"], "library");
+    }
+    let got = &lines[0];
+    assert_eq!(got["included"][0]["id"], "demo:demo://docs/guide");
+    let digest: String = Sha256::digest(guide.content.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(got["included"][0]["sha256"], digest.as_str(), "the digest of exactly what the model got");
+    let tokens = tiktoken_rs::o200k_base_singleton().encode_ordinary(&guide.content).len();
+    assert_eq!(
+        (got["included"][0]["tokens"].as_u64(), got["tokens"].as_u64()),
+        (Some(tokens as u64), Some(tokens as u64))
+    );
+    assert_eq!(got["excluded"], json!({}));
+    let no = &lines[1];
+    assert_eq!(
+        (no["included"].clone(), no["excluded"].clone(), no["tokens"].clone()),
+        (json!([]), json!({"not found": 1}), json!(0))
+    );
+    assert!(!text.contains("Acme Notes guide") && !text.contains("alice"), "{text}");
+}
+
 /// A table written by the first layout (one `record jsonb` a row, the resources in a GIN-indexed array) is
 /// migrated in place when the audit trail next starts: the query answers with the old record whole, its
 /// resources now a stored set, and the old columns gone.
