@@ -95,6 +95,19 @@ fn audit_cli(proxy: &Proxy, args: &[&str]) -> Vec<Value> {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `mcp-context audit ARGS --config CONFIG` as a table: its lines, each split into cells.
+fn audit_table(proxy: &Proxy, args: &[&str]) -> Vec<Vec<String>> {
+    let out = std::process::Command::new(MCP_CONTEXT)
+        .arg("audit")
+        .args(args)
+        .arg("--config")
+        .arg(&proxy.config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| l.split_whitespace().map(str::to_owned).collect()).collect()
+}
+
 /// Each resource block of a message: (id, the block's SHA-256, its body lines).
 fn blocks(message: &str) -> Vec<(String, String, Vec<String>)> {
     let mut out = Vec::new();
@@ -172,8 +185,27 @@ async fn serve_records_each_injection_and_audit_answers_who_received_what() {
             .is_empty()
     );
 
+    // The same answers as tables: a header, then one line per injection (`who`) or per resource sent (`user`).
+    let table = audit_table(&proxy, &["who", "--resource", "demo:demo://docs/guide"]);
+    assert_eq!(table[0], ["time", "user", "via", "route", "sha256", "tokens", "request"], "{table:?}");
+    let rows = &table[1..];
+    assert_eq!(rows.iter().map(|r| r[1].as_str()).collect::<Vec<_>>(), users, "{table:?}");
+    for (row, json) in rows.iter().zip(&guide) {
+        let inc = json["included"].as_array().unwrap().iter().find(|i| i["id"] == "demo:demo://docs/guide").unwrap();
+        // The digest's first 16 hex digits (enough to tell blocks apart on a terminal).
+        let sha = inc["sha256"].as_str().unwrap();
+        assert!(row.iter().any(|c| c.len() == 16 && sha.starts_with(c.as_str())), "{row:?} {sha}");
+        assert!(row.contains(&json["request_id"].as_str().unwrap().to_owned()), "{row:?}");
+    }
+
     let bob = audit_cli(&proxy, &["user", "bob"]);
     assert_eq!(bob.len(), 1);
+    let table = audit_table(&proxy, &["user", "bob"]);
+    assert_eq!(table[0][1], "resource", "{table:?}");
+    let listed: Vec<&str> = table[1..].iter().map(|r| r[1].as_str()).collect();
+    let sent_to_bob: Vec<&str> =
+        bob[0]["included"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(listed, sent_to_bob, "{table:?}");
     let r = &bob[0];
     assert_eq!((r["route"].as_str(), r["identity_source"].as_str()), (Some("/v1/chat/completions"), Some("key")));
     assert_eq!(r["upstream_status"], 200);
