@@ -223,10 +223,8 @@ impl<'a> ResourceTools<'a> {
             Err(e) => ((format!("Error: Failed to read resource: {e}"), true, "Read failed.".into()), None),
         };
         // The audit trail: what the model got (the SHA-256 of this very text), or a refusal; never the text.
-        let up = self.ctx.policy().for_user(user);
         self.ctx.audit_tool_read(ToolRead {
             user,
-            roles: up.roles(),
             model: &settings.model,
             budget: cap,
             got: got.map(|(id, tokens, truncated)| (id, answer.0.as_str(), tokens, truncated)),

@@ -121,11 +121,9 @@ impl Origin {
     }
 }
 
-/// One `read_mcp_resource` call, for its record: who asked, under which
-/// roles, what came back (none for a refusal) and how long it took.
+/// One `read_mcp_resource` call, for its record: who asked, what came back (none for a refusal) and how long it took.
 pub(crate) struct ToolRead<'a> {
     pub(crate) user: &'a str,
-    pub(crate) roles: &'a [String],
     pub(crate) model: &'a str,
     /// `context.tool_result_max_tokens`.
     pub(crate) budget: usize,
@@ -139,7 +137,7 @@ impl AuditRecord {
     /// the SHA-256 and tokens of the exact text the model got; or a refusal
     /// (refused by the gate, denied, absent: the model is told "not found"
     /// for all), counted as `not found`, with no id.
-    pub(crate) fn tool_read(read: ToolRead<'_>, origin: Origin) -> Self {
+    pub(crate) fn tool_read(read: ToolRead<'_>, roles: &[String], origin: Origin) -> Self {
         let tokens = read.got.as_ref().map_or(0, |g| g.2);
         let included: Arc<[AuditResource]> = match read.got {
             Some((id, text, tokens, truncated)) => Arc::new([AuditResource {
@@ -164,7 +162,7 @@ impl AuditRecord {
             model: read.model.to_owned(),
             user: read.user.to_owned(),
             identity_source: origin.identity_source,
-            roles: read.roles.to_vec(),
+            roles: roles.to_vec(),
             mode: None,
             budget: read.budget,
             tokens,

@@ -357,10 +357,11 @@ impl McpContext {
         // One policy snapshot for the gate and the decision.
         let up = self.policy().for_user(user);
         let own = self.views_serving(user, &id.server).await;
-        let per_user = self.views.as_ref().is_some_and(|v| v.serves(&id.server));
-        let (hub, cache) = match own.view(&id.server) {
-            Some(v) => (&v.hub, &v.cache),
-            None if per_user => return Ok(None),
+        let (hub, cache) = match &own {
+            Some(own) => match own.view(&id.server) {
+                Some(v) => (&v.hub, &v.cache),
+                None => return Ok(None),
+            },
             None => (&self.hub, &self.cache),
         };
         let Ok(admitted) = admit(hub, &up, id) else { return Ok(None) };
@@ -372,7 +373,9 @@ impl McpContext {
             Err(Error::NotFound { .. }) => Ok(None),
             Err(e) => {
                 // The server refused the user's credential: `denied_by_server` from now on, as after an injection's read.
-                if per_user && crate::credentials::looks_denied(&e.to_string()) {
+                if let Some(own) = &own
+                    && crate::credentials::looks_denied(&e.to_string())
+                {
                     own.mark_denied(&id.server);
                 }
                 Err(e)
@@ -401,11 +404,11 @@ impl McpContext {
     }
 
     /// `user`'s views when `server` is a per-user server (opened as needed),
-    /// else none: nothing is opened for a shared server's URI.
-    async fn views_serving(&self, user: &str, server: &str) -> views::UserViews {
+    /// else `None`: nothing is opened for a shared server's URI.
+    async fn views_serving(&self, user: &str, server: &str) -> Option<views::UserViews> {
         match &self.views {
-            Some(v) if v.serves(server) => v.for_user(user).await,
-            _ => views::UserViews::default(),
+            Some(v) if v.serves(server) => Some(v.for_user(user).await),
+            _ => None,
         }
     }
 
@@ -424,7 +427,7 @@ impl McpContext {
     /// (its listing and templates); `UnknownServer` when the user holds no
     /// credential for it.
     pub async fn admit(&self, user: &str, id: &ResourceId) -> std::result::Result<Admitted, Refusal> {
-        let own = self.views_serving(user, &id.server).await;
+        let own = self.views_serving(user, &id.server).await.unwrap_or_default();
         admit(select::hub_for(&self.hub, &own, &id.server), &self.policy().for_user(user), id)
     }
 
@@ -490,10 +493,12 @@ impl McpContext {
         Some(auditor.record(report, message.map(|m| m.audited(report)), origin))
     }
 
-    /// Writes the audit record of a `read_mcp_resource` call, when the audit trail is on.
+    /// Writes the audit record of a `read_mcp_resource` call (with the
+    /// user's roles under the policy in force), when the audit trail is on.
     pub(crate) fn audit_tool_read(&self, read: crate::audit::ToolRead<'_>) {
         if self.audit.is_some() {
-            self.audit(AuditRecord::tool_read(read, Origin::tool_read()));
+            let up = self.policy().for_user(read.user);
+            self.audit(AuditRecord::tool_read(read, up.roles(), Origin::tool_read()));
         }
     }
 

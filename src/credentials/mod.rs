@@ -53,8 +53,13 @@ pub use seal::Sealer;
 /// becomes a path or a key prefix of its own, and two names that differ in
 /// any byte never share a record.
 pub fn user_key(user: &str) -> String {
+    sha256_hex(user)
+}
+
+/// The SHA-256 of `text`, in lower-case hex: how names and states become keys.
+pub(crate) fn sha256_hex(text: &str) -> String {
     use sha2::Digest as _;
-    sha2::Sha256::digest(user.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    sha2::Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What one user holds for one server: an OAuth token set, or stored

@@ -104,8 +104,7 @@ struct PendingRecord {
 
 impl PendingRecord {
     fn of(p: &Pending) -> Self {
-        let age = p.created.elapsed();
-        let created = std::time::SystemTime::now().checked_sub(age).unwrap_or(std::time::UNIX_EPOCH);
+        let created = std::time::SystemTime::now().checked_sub(p.created.elapsed()).unwrap_or(std::time::UNIX_EPOCH);
         PendingRecord {
             server: p.server.clone(),
             user: p.user.clone(),
@@ -220,6 +219,7 @@ impl OAuthFlows {
         let state = random_b64(32);
         let verifier = random_b64(32);
         let challenge = b64(&<sha2::Sha256 as sha2::Digest>::digest(verifier.as_bytes()));
+        let record;
         {
             let mut pending = self.lock_pending();
             pending.retain(|_, p| p.created.elapsed() < PENDING_TTL);
@@ -238,24 +238,24 @@ impl OAuthFlows {
                     false,
                 ));
             }
-            pending.insert(
-                state.clone(),
-                Pending {
-                    server: server.to_owned(),
-                    user: user.to_owned(),
-                    verifier: SecretString::from(verifier),
-                    redirect_uri: redirect_uri.to_owned(),
-                    created: Instant::now(),
-                },
-            );
+            let p = Pending {
+                server: server.to_owned(),
+                user: user.to_owned(),
+                verifier: SecretString::from(verifier),
+                redirect_uri: redirect_uri.to_owned(),
+                created: Instant::now(),
+            };
+            record = self.store.shares_pending().then(|| PendingRecord::of(&p));
+            pending.insert(state.clone(), p);
         }
         // Where the store is shared (Redis), the callback may reach any replica: it finds the authorization there.
-        if self.store.shares_pending() {
-            let record = self.lock_pending().get(&state).map(PendingRecord::of);
-            let bytes = record.and_then(|r| serde_json::to_vec(&r).ok()).map(secrecy::zeroize::Zeroizing::new);
-            let kept = match bytes {
-                Some(b) => self.store.put_pending(&state, &b, PENDING_TTL).await,
-                None => Err(Error::TokenStore { what: "cannot encode a pending authorization".into(), source: None }),
+        if let Some(record) = record {
+            let kept = match serde_json::to_vec(&record) {
+                Ok(b) => self.store.put_pending(&state, &secrecy::zeroize::Zeroizing::new(b), PENDING_TTL).await,
+                Err(e) => Err(Error::TokenStore {
+                    what: "cannot encode a pending authorization".into(),
+                    source: Some(Arc::new(e)),
+                }),
             };
             if let Err(e) = kept {
                 self.lock_pending().remove(&state);

@@ -23,7 +23,7 @@ use secrecy::zeroize::Zeroizing;
 use std::time::Duration;
 
 use super::seal::{Sealer, store_error};
-use super::{TokenSet, TokenStore, user_key};
+use super::{TokenSet, TokenStore, sha256_hex, user_key};
 use crate::cause::redact_url;
 use crate::config::CacheSettings;
 use crate::error::{Error, Result};
@@ -80,8 +80,7 @@ impl RedisTokenStore {
     /// works like a password for the callback, is not a key) and its associated data, which binds the sealed
     /// record to that key: a record moved under another state does not open.
     fn pending_key(&self, state: &str) -> (String, Vec<u8>) {
-        let digest = <sha2::Sha256 as sha2::Digest>::digest(state.as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = sha256_hex(state);
         let mut ad = b"mcp-context/oauth-pending/v1/".to_vec();
         ad.extend_from_slice(hex.as_bytes());
         (format!("{}oauth-pending:{hex}", self.prefix), ad)
