@@ -16,8 +16,10 @@
 //!
 //! Our block carries `cache_control: {"type": "ephemeral"}` when the request
 //! uses fewer than [`MAX_CACHE_BREAKPOINTS`] breakpoints without it (the API
-//! refuses a fifth); with a one-hour breakpoint later in `messages`, ours asks
-//! for one hour too (the API refuses a shorter TTL before a longer one).
+//! refuses a fifth; every place it accepts one is counted, nested blocks
+//! too); with a one-hour breakpoint after ours (in `messages`, or the
+//! request's top-level `cache_control`), ours asks for one hour too (the
+//! API refuses a shorter TTL before a longer one).
 //! Everything else in the body is left as it was.
 
 use serde_json::{Value, json};
@@ -40,49 +42,83 @@ pub fn is_context_block_json(block: &Value) -> bool {
 /// The breakpoints a Messages body already uses outside our block.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheBreakpoints {
-    /// `cache_control` objects on tools, the caller's system blocks, message
-    /// content blocks (and the blocks inside a `tool_result`), and the
+    /// `cache_control` objects wherever the Messages API accepts one: tools,
+    /// the caller's system blocks, message content blocks of every kind and
+    /// the blocks nested in them (a `tool_result`'s or a `search_result`'s
+    /// `content`, a `document`'s `source.content`, at any depth), and the
     /// request's own top-level one.
     pub count: usize,
-    /// A breakpoint in `messages` (after `system`) asks for `ttl: "1h"`.
+    /// A breakpoint after ours (in `messages`, or the top-level one, which
+    /// marks the request's last block) asks for `ttl: "1h"`: the longest
+    /// TTL the API offers, so ours must ask for it too (the API refuses a
+    /// shorter TTL before a longer one). Breakpoints before ours (tools, the
+    /// caller's system blocks) do not bind ours.
     pub one_hour_after_system: bool,
+}
+
+/// A `cache_control` of `v`, when it has one (an object; anything else is not a breakpoint).
+fn marks(v: &Value) -> Option<&Value> {
+    v.get("cache_control").filter(|c| c.is_object())
+}
+
+/// Whether a breakpoint asks for one hour (`"1h"`, the only TTL longer than the default 5 minutes).
+fn one_hour(c: &Value) -> bool {
+    c.get("ttl").and_then(Value::as_str) == Some("1h")
 }
 
 impl CacheBreakpoints {
     /// Counts what `tools`, `system` (blocks of ours not counted) and
-    /// `messages` of a Messages body use, each given as parsed JSON.
-    pub fn of_parts(tools: Option<&Value>, system: Option<&Value>, messages: Option<&Value>, top: bool) -> Self {
-        fn marks(v: &Value) -> Option<&Value> {
-            v.get("cache_control").filter(|c| c.is_object())
-        }
-        let mut count = usize::from(top);
-        let mut one_hour_after_system = false;
+    /// `messages` of a Messages body use, each given as parsed JSON, and
+    /// the body's top-level `cache_control` (`top`, when it has one).
+    ///
+    /// Blocks are walked by their structure, not searched for the key: a
+    /// `cache_control` inside a tool's `input_schema` or a `tool_use`'s
+    /// `input` is data, not a breakpoint.
+    pub fn of_parts(
+        tools: Option<&Value>,
+        system: Option<&Value>,
+        messages: Option<&Value>,
+        top: Option<&Value>,
+    ) -> Self {
+        let top = top.filter(|c| c.is_object());
+        let mut out = Self { count: usize::from(top.is_some()), one_hour_after_system: top.is_some_and(one_hour) };
         for t in tools.and_then(Value::as_array).into_iter().flatten() {
-            count += usize::from(marks(t).is_some());
+            out.count += usize::from(marks(t).is_some());
         }
         for b in system.and_then(Value::as_array).into_iter().flatten().filter(|b| !is_context_block_json(b)) {
-            count += usize::from(marks(b).is_some());
+            out.count += usize::from(marks(b).is_some());
         }
         for m in messages.and_then(Value::as_array).into_iter().flatten() {
             for b in m.get("content").and_then(Value::as_array).into_iter().flatten() {
-                let inner = b.get("content").and_then(Value::as_array).into_iter().flatten();
-                for c in std::iter::once(b).chain(inner).filter_map(marks) {
-                    count += 1;
-                    one_hour_after_system |= c.get("ttl").and_then(Value::as_str) == Some("1h");
-                }
+                out.walk_block(b, 0);
             }
         }
-        Self { count, one_hour_after_system }
+        out
+    }
+
+    /// One content block of `messages` and the blocks it holds: a
+    /// `content` list (`tool_result`, `search_result`, and any other block
+    /// that nests blocks) and a `document`'s `source.content` list. Depth is
+    /// bounded (the API nests two or three levels; a body nesting deeper
+    /// is refused upstream anyway) so a hostile body cannot recurse us away.
+    fn walk_block(&mut self, b: &Value, depth: usize) {
+        if let Some(c) = marks(b) {
+            self.count += 1;
+            self.one_hour_after_system |= one_hour(c);
+        }
+        if depth >= 8 {
+            return;
+        }
+        let nested = b.get("content").and_then(Value::as_array).into_iter().flatten();
+        let in_source = b.get("source").and_then(|s| s.get("content")).and_then(Value::as_array).into_iter().flatten();
+        for inner in nested.chain(in_source) {
+            self.walk_block(inner, depth + 1);
+        }
     }
 
     /// [`CacheBreakpoints::of_parts`] of a whole body.
     pub fn of_body(body: &Value) -> Self {
-        Self::of_parts(
-            body.get("tools"),
-            body.get("system"),
-            body.get("messages"),
-            body.get("cache_control").is_some_and(Value::is_object),
-        )
+        Self::of_parts(body.get("tools"), body.get("system"), body.get("messages"), body.get("cache_control"))
     }
 }
 
@@ -240,6 +276,31 @@ mod tests {
         let tr = json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
             "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]}]});
         assert_eq!(CacheBreakpoints::of_body(&tr).count, 1);
+    }
+
+    #[test]
+    fn every_place_the_api_takes_a_breakpoint_is_counted_and_a_later_hour_is_followed() {
+        let cc = || json!({"type": "ephemeral"});
+        let text = |t: &str| json!({"type": "text", "text": t, "cache_control": cc()});
+        let doc = json!({"type": "document", "source": {"type": "content", "content": [text("d")]}});
+        let search = json!({"type": "search_result", "source": "s", "title": "t", "content": [text("r")]});
+        let tr = json!({"type": "tool_result", "tool_use_id": "t", "content": [search]});
+        let b = json!({"messages": [{"role": "user", "content": [doc, tr]}]});
+        assert_eq!(CacheBreakpoints::of_body(&b).count, 2, "in a document's source and a search_result's content");
+        // Data that happens to be named cache_control is no breakpoint.
+        let data = json!({"tools": [{"name": "x", "input_schema": {"properties": {"cache_control": {"type": "object"}}}}],
+            "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "x",
+                "input": {"cache_control": {"type": "ephemeral"}}}]}]});
+        assert_eq!(CacheBreakpoints::of_body(&data).count, 0);
+        // A top-level one-hour breakpoint marks the last block, after ours.
+        let mut b = json!({"messages": [], "cache_control": {"type": "ephemeral", "ttl": "1h"}});
+        inject_system_block_json(&mut b, Some("C"));
+        assert_eq!(b["system"][0]["cache_control"], json!({"type": "ephemeral", "ttl": "1h"}));
+        // One hour before ours (tools) does not bind it.
+        let mut b =
+            json!({"tools": [{"name": "x", "cache_control": {"type": "ephemeral", "ttl": "1h"}}], "messages": []});
+        inject_system_block_json(&mut b, Some("C"));
+        assert_eq!(b["system"][0]["cache_control"], cc());
     }
 
     #[test]

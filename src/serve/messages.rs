@@ -207,8 +207,10 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         }
     }
     let tools: Option<Value> = obj.get("tools").and_then(|t| serde_json::from_str(t.get()).ok());
-    let top = obj.get("cache_control").is_some_and(|c| c.get().starts_with('{'));
-    let others = CacheBreakpoints::of_parts(tools.as_ref(), Some(&Value::Array(kept_values)), Some(&messages), top);
+    // The top-level breakpoint marks the request's last block (after ours): its TTL binds ours.
+    let top: Option<Value> = obj.get("cache_control").and_then(|c| serde_json::from_str(c.get()).ok());
+    let system = Value::Array(kept_values);
+    let others = CacheBreakpoints::of_parts(tools.as_ref(), Some(&system), Some(&messages), top.as_ref());
 
     let started = Instant::now();
     let mut request = ContextRequest::for_user(user.clone()).with_identity(&who);

@@ -215,7 +215,7 @@ fn streamed_text(sse: &str) -> String {
 // ---------------------------------------------------------------- the proxy
 
 /// The `serve:` body of these tests: the three caller keys and the stand-in as the Messages upstream.
-fn serve_yaml(stand: &Stand, extra: &str) -> String {
+pub fn serve_yaml(stand: &Stand, extra: &str) -> String {
     format!("{}  anthropic:\n    upstream: {}\n    api_key: {OPERATOR_KEY}\n{extra}", keys_yaml(), stand.base)
 }
 
@@ -224,7 +224,7 @@ async fn proxy(stand: &Stand) -> Proxy {
 }
 
 /// Our block, as the proxy must send it for `user`: fenced, with a breakpoint.
-fn our_block(proxy: &Proxy, user: &str) -> Value {
+pub fn our_block(proxy: &Proxy, user: &str) -> Value {
     let content = proxy.preview(user).expect("the user sees something");
     json!({"type": "text", "text": format!("<mcp_context>\n{content}\n</mcp_context>"), "cache_control": {"type": "ephemeral"}})
 }
@@ -241,7 +241,7 @@ pub fn breakpoints(v: &Value) -> usize {
     }
 }
 
-fn post(proxy: &Proxy, path: &str, key: &str, body: String) -> reqwest::RequestBuilder {
+pub fn post(proxy: &Proxy, path: &str, key: &str, body: String) -> reqwest::RequestBuilder {
     http()
         .post(format!("{}{path}", proxy.url))
         .header("x-api-key", key)
