@@ -29,14 +29,21 @@
 //!
 //! A batch is what arrives within 100 ms of its first record (at most
 //! `audit.batch`), sent as one binary `COPY` (prepared once per connection),
-//! plus one statement for its new sets. A failed connect or insert drops the batch (counted), marks the sink
-//! down and is retried at most once a second; meanwhile queued records are
-//! dropped as they come, so the queue never backs up into requests.
+//! plus one statement for its new sets. A batch PostgreSQL refuses (its own error: a value or a constraint) is
+//! split in halves and each half sent again, down to single records, so only a record that cannot be stored
+//! by itself is dropped (counted, with a warning naming why). A failed connect, a lost connection or no answer
+//! drops the batch (counted), marks the sink down and is retried at most once a second; meanwhile queued records
+//! are dropped as they come, so the queue never backs up into requests.
+//!
+//! Every text is made storable first: PostgreSQL's `text` and `jsonb` hold no NUL character, and a caller's
+//! `model` or a server's resource URI may carry one, so each NUL is stored as U+FFFD (the replacement
+//! character; the JSONL sink keeps the exact value). A query for a value with a NUL finds it under U+FFFD.
 //!
 //! A table of the first layout (one `record jsonb` per row) is migrated in
 //! place on start: its sets extracted, its columns filled, the two old
 //! columns dropped.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -218,6 +225,16 @@ fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".into())
 }
 
+/// `s` as PostgreSQL can store it in `text` or `jsonb`: each NUL (which neither may hold) as U+FFFD.
+fn storable(s: &str) -> Cow<'_, str> {
+    if s.contains('\0') { Cow::Owned(s.replace('\0', "\u{FFFD}")) } else { Cow::Borrowed(s) }
+}
+
+/// [`storable`] of each text of a list; `None` when all are storable as they are.
+fn storable_all(v: &[String]) -> Option<Vec<String>> {
+    v.iter().any(|s| s.contains('\0')).then(|| v.iter().map(|s| storable(s).into_owned()).collect())
+}
+
 /// One batch: its records with their set digests, and the sets not stored yet.
 struct Batch<'a> {
     records: Vec<(&'a AuditRecord, String)>,
@@ -258,11 +275,21 @@ impl<'a> Batch<'a> {
         for r in records {
             let digest = digests.of(&r.included, &r.denied);
             if !known.contains(&digest) && new.insert(digest.clone()) {
-                let ids: Vec<&str> = r.included.iter().map(|i| i.id.as_str()).collect();
+                let ids: Vec<Cow<'_, str>> = r.included.iter().map(|i| storable(&i.id)).collect();
                 b.sets[0].push(digest.clone());
                 b.sets[1].push(json(&ids));
-                b.sets[2].push(json(&r.included));
-                b.sets[3].push(json(&r.denied));
+                // JSON writes a NUL as `\u0000`, which `jsonb` refuses as well.
+                if r.included.iter().any(|i| i.id.contains('\0')) {
+                    let included: Vec<AuditResource> = r
+                        .included
+                        .iter()
+                        .map(|i| AuditResource { id: storable(&i.id).into_owned(), ..i.clone() })
+                        .collect();
+                    b.sets[2].push(json(&included));
+                } else {
+                    b.sets[2].push(json(&r.included));
+                }
+                b.sets[3].push(json(&storable_all(&r.denied).unwrap_or_else(|| r.denied.clone())));
             }
             b.records.push((r, digest));
         }
@@ -311,21 +338,22 @@ impl Conn {
         for (r, digest) in &b.records {
             // A record's time as it says (made by this module's `rfc3339`), else now.
             let at = super::record::parse_rfc3339(&r.at).unwrap_or_else(std::time::SystemTime::now);
+            let (roles, failed) = (storable_all(&r.roles), storable_all(&r.servers_failed));
             let row: [&(dyn ToSql + Sync); 17] = [
                 &at,
-                &r.request_id,
-                &r.trace_id,
-                &r.route,
-                &r.model,
-                &r.user,
-                &r.identity_source,
-                &r.roles,
+                &storable(&r.request_id),
+                &storable(&r.trace_id),
+                &storable(&r.route),
+                &storable(&r.model),
+                &storable(&r.user),
+                &storable(&r.identity_source),
+                roles.as_ref().unwrap_or(&r.roles),
                 digest,
-                &r.mode,
+                &r.mode.as_deref().map(storable),
                 &i64::try_from(r.budget).unwrap_or(i64::MAX),
                 &i64::try_from(r.tokens).unwrap_or(i64::MAX),
                 &Json(&r.excluded),
-                &r.servers_failed,
+                failed.as_ref().unwrap_or(&r.servers_failed),
                 &r.upstream_status.map(i32::from),
                 &r.upstream_ms,
                 &r.injection_ms,
@@ -376,30 +404,13 @@ pub(super) async fn run(target: Target, batch: usize, mut rx: mpsc::Receiver<Msg
             if conn.is_none() && Instant::now() >= next_try {
                 connect(&target, &mut conn, &mut next_try, &stats).await;
             }
-            let n = records.len();
             match &conn {
-                None => stats.dropped(n),
+                None => stats.dropped(records.len()),
                 Some(c) => {
-                    let b = Batch::of(&records, &known, &mut digests);
-                    match tokio::time::timeout(TIMEOUT, c.write(&b)).await {
-                        Ok(Ok(())) => {
-                            stats.written(n);
-                            stats.up();
-                            if known.len() + b.sets[0].len() > KNOWN_SETS {
-                                known.clear();
-                            }
-                            known.extend(b.sets[0].iter().cloned());
-                        }
-                        failed => {
-                            let why = match failed {
-                                Ok(Err(e)) => describe(&e),
-                                _ => format!("no answer within {} s", TIMEOUT.as_secs()),
-                            };
-                            stats.dropped(n);
-                            stats.down(format!("{}: insert failed: {why}", target.shown_url()));
-                            conn = None;
-                            next_try = Instant::now() + RETRY;
-                        }
+                    if let Err(why) = write_all(c, &records, &mut known, &mut digests, &stats).await {
+                        stats.down(format!("{}: insert failed: {why}", target.shown_url()));
+                        conn = None;
+                        next_try = Instant::now() + RETRY;
                     }
                 }
             }
@@ -409,6 +420,63 @@ pub(super) async fn run(target: Target, batch: usize, mut rx: mpsc::Receiver<Msg
             let _ = done.send(());
         }
     }
+}
+
+/// Writes `records`, counting each written or dropped. A part PostgreSQL refuses (a `DbError`: a value or a
+/// constraint, the connection still good) is split in halves and each sent again, so one bad record costs
+/// about 2·log2(batch) more statements and only itself: a record refused alone is dropped, and one warning
+/// says how many and why. Any other failure (connection lost, no answer within [`TIMEOUT`]) drops what is
+/// left and is returned, for the caller to mark the sink down.
+async fn write_all(
+    c: &Conn,
+    records: &[Arc<AuditRecord>],
+    known: &mut HashSet<String>,
+    digests: &mut SetDigests,
+    stats: &Stats,
+) -> std::result::Result<(), String> {
+    let mut todo = vec![records];
+    // Records refused alone, and the first reason given.
+    let (mut refused, mut why_refused) = (0, String::new());
+    let warn = |refused: usize, why: &str| {
+        if refused > 0 {
+            tracing::warn!("audit: PostgreSQL refused {refused} record(s), dropped: {why}");
+        }
+    };
+    while let Some(part) = todo.pop() {
+        let b = Batch::of(part, known, digests);
+        match tokio::time::timeout(TIMEOUT, c.write(&b)).await {
+            Ok(Ok(())) => {
+                stats.written(part.len());
+                stats.up();
+                if known.len() + b.sets[0].len() > KNOWN_SETS {
+                    known.clear();
+                }
+                known.extend(b.sets[0].iter().cloned());
+            }
+            Ok(Err(e)) if e.as_db_error().is_some() && part.len() > 1 => {
+                let (first, second) = part.split_at(part.len() / 2);
+                // Popped first half first: records keep their order.
+                todo.extend([second, first]);
+            }
+            Ok(Err(e)) if e.as_db_error().is_some() => {
+                stats.dropped(1);
+                if refused == 0 {
+                    why_refused = describe(&e);
+                }
+                refused += 1;
+            }
+            failed => {
+                stats.dropped(todo.iter().map(|p| p.len()).sum::<usize>() + part.len());
+                warn(refused, &why_refused);
+                return Err(match failed {
+                    Ok(Err(e)) => describe(&e),
+                    _ => format!("no answer within {} s", TIMEOUT.as_secs()),
+                });
+            }
+        }
+    }
+    warn(refused, &why_refused);
+    Ok(())
 }
 
 async fn connect(target: &Target, conn: &mut Option<Conn>, next_try: &mut Instant, stats: &Stats) {
@@ -498,6 +566,14 @@ mod tests {
     fn list(id: &str) -> Arc<[AuditResource]> {
         let r = AuditResource { id: id.into(), sha256: "ab".repeat(32), tokens: 7, truncated: false, passages: false };
         Arc::from(vec![r])
+    }
+
+    #[test]
+    fn a_nul_is_stored_as_the_replacement_character() {
+        assert!(matches!(storable("gpt-4o"), Cow::Borrowed("gpt-4o")));
+        assert_eq!(storable("gpt-4o\0x\0"), "gpt-4o\u{FFFD}x\u{FFFD}");
+        assert_eq!(storable_all(&["a".into()]), None);
+        assert_eq!(storable_all(&["a".into(), "\0".into()]), Some(vec!["a".into(), "\u{FFFD}".into()]));
     }
 
     #[test]

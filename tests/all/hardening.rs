@@ -6,10 +6,180 @@
 //! `cache_control` the Messages API accepts and follows a later one-hour TTL
 //! (a local Messages stand-in recording the forwarded body).
 
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::post;
 use serde_json::{Value, json};
 
+use crate::audit::{Schema, audit_yaml, count, metric, pg, pg_url, wait_until};
+use crate::common::*;
 use crate::messages::{Stand, breakpoints, our_block, post as post_messages, serve_yaml};
-use crate::serve::Proxy;
+use crate::serve::{Proxy, default_serve, http};
+
+// ------------------------------------------------------------ 7: the PostgreSQL audit
+
+/// An OpenAI-compatible upstream that answers no chat request until `n`
+/// have arrived, then all at once: the proxy then submits their audit
+/// records within a few milliseconds, so they go to PostgreSQL as one batch.
+struct Barrier {
+    base: String,
+    models: Arc<Mutex<Vec<String>>>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for Barrier {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+type BarrierState = (Arc<tokio::sync::Barrier>, Arc<Mutex<Vec<String>>>);
+
+async fn barrier_chat(State((barrier, models)): State<BarrierState>, body: String) -> axum::response::Response {
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    models.lock().unwrap().push(v["model"].as_str().unwrap_or_default().to_owned());
+    let _ = tokio::time::timeout(Duration::from_secs(20), barrier.wait()).await;
+    axum::Json(json!({"id": "chatcmpl-b", "object": "chat.completion", "created": 1, "model": v["model"],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}))
+    .into_response()
+}
+
+impl Barrier {
+    async fn start(n: usize) -> Barrier {
+        let models = Arc::new(Mutex::new(Vec::new()));
+        let state = (Arc::new(tokio::sync::Barrier::new(n)), models.clone());
+        let router = Router::new().route("/v1/chat/completions", post(barrier_chat)).with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let stop = tokio_util::sync::CancellationToken::new();
+        let s2 = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).with_graceful_shutdown(s2.cancelled_owned()).await;
+        });
+        Barrier { base, models, stop }
+    }
+}
+
+/// 22 chat requests at once, 2 of alice's then 20 of bob's, each with its model; all answered 200.
+async fn send_22(proxy: &Proxy, alice_models: [&str; 2], bob_models: &dyn Fn(usize) -> String) {
+    let mut sent = Vec::new();
+    for (i, model) in alice_models.iter().enumerate() {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": format!("alice {i}")}]});
+        sent.push(proxy.post("/v1/chat/completions", Some("key-alice"), &body).send());
+    }
+    for i in 0..20 {
+        let body = json!({"model": bob_models(i), "messages": [{"role": "user", "content": format!("bob {i}")}]});
+        sent.push(proxy.post("/v1/chat/completions", Some("key-bob"), &body).send());
+    }
+    for r in futures::future::join_all(sent).await {
+        assert_eq!(r.unwrap().status(), 200);
+    }
+}
+
+async fn rows(db: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    db.query(sql, &[]).await.unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+/// A `model` of `"gpt-4o\u0000"` from alice and a resource URI with a NUL
+/// from an MCP server (which only alice sees) go to PostgreSQL in the same
+/// batch as bob's 20 records: all 22 are stored, each NUL as U+FFFD (in the
+/// row and in the stored set of resources), and `audit who` finds alice by
+/// that id; the JSONL file keeps the exact NULs. Before: PostgreSQL refused
+/// the batch (`invalid byte sequence for encoding "UTF8": 0x00`) and bob's
+/// records were lost with alice's.
+#[tokio::test]
+async fn a_nul_from_a_caller_or_a_server_costs_no_audit_record() {
+    let test = "a_nul_from_a_caller_or_a_server_costs_no_audit_record";
+    let Some(db) = pg(test).await else { return };
+    let schema = Schema::new();
+    let up = Barrier::start(22).await;
+    let opts = Options { n: 1, size: 40, prefix: "nul\u{0}".into(), ..Default::default() };
+    let (mcp, _fixture, _stop) = http_fixture(opts).await;
+    let tag = tag();
+    let body = format!(
+        "servers:\n{}  nul:\n    url: {mcp}\npolicy: policies/\ncontext:\n  max_tokens: 4000\nserve:\n{}{}",
+        demo_server("demo", &tag),
+        default_serve(),
+        audit_yaml(&schema.0, &pg_url(), "audit/injections.jsonl")
+    );
+    let proxy = Proxy::start_config(&body, &up.base, tag).await;
+    send_22(&proxy, ["gpt-4o\u{0}", "gpt-4o"], &|_| "gpt-4o".into()).await;
+    assert!(up.models.lock().unwrap().iter().any(|m| m == "gpt-4o\u{0}"), "the NUL model went upstream as sent");
+    wait_until("22 rows", Duration::from_secs(20), async || count(&db, &schema.0).await == 22).await;
+    let s = &schema.0;
+    let bob: i64 = db
+        .query_one(&format!("SELECT count(*) FROM \"{s}\".injections WHERE user_name = 'bob'"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bob, 20, "bob's records are all there");
+    let models =
+        rows(&db, &format!("SELECT model FROM \"{s}\".injections WHERE user_name = 'alice' ORDER BY model")).await;
+    assert_eq!(models, ["gpt-4o", "gpt-4o\u{FFFD}"], "the NUL is stored as U+FFFD");
+    let nul_id = "nul:nul\u{FFFD}fx://doc/0";
+    let sets = rows(&db, &format!("SELECT resources::text FROM \"{s}\".injections_sets")).await;
+    assert!(sets.iter().any(|r| r.contains(nul_id)), "the server's URI, NUL replaced: {sets:?}");
+    let included = rows(&db, &format!("SELECT included::text FROM \"{s}\".injections_sets")).await;
+    assert!(included.iter().any(|r| r.contains(nul_id)), "{included:?}");
+    let out = std::process::Command::new(MCP_CONTEXT)
+        .args(["audit", "who", "--resource", nul_id, "--json", "--config"])
+        .arg(&proxy.config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let who: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(who.iter().map(|r| r["user"].as_str().unwrap()).collect::<Vec<_>>(), ["alice", "alice"]);
+    let m = http().get(format!("{}/metrics", proxy.url)).send().await.unwrap().text().await.unwrap();
+    assert_eq!(metric(&m, r#"mcp_context_audit_records_total{sink="postgres",outcome="written"}"#), 22.0, "{m}");
+    assert_eq!(metric(&m, r#"mcp_context_audit_records_total{sink="postgres",outcome="dropped"}"#), 0.0, "{m}");
+    let file = std::fs::read_to_string(proxy.dir.path().join("audit/injections.jsonl")).unwrap();
+    assert_eq!(file.lines().count(), 22);
+    assert!(file.contains(r#""model":"gpt-4o\u0000""#), "the file keeps the exact value");
+}
+
+/// The operator's table refuses one record (a CHECK constraint on `model`):
+/// only that record is dropped (counted in `/metrics`, a warning in the
+/// log), the 21 others of its batch are stored and the sink stays up.
+/// Before: the whole batch was dropped and the sink marked down.
+#[tokio::test]
+async fn a_record_the_database_refuses_costs_only_itself() {
+    let test = "a_record_the_database_refuses_costs_only_itself";
+    let Some(db) = pg(test).await else { return };
+    let schema = Schema::new();
+    let s = &schema.0;
+    db.batch_execute(&format!(
+        "CREATE SCHEMA \"{s}\"; CREATE TABLE \"{s}\".injections (id bigserial PRIMARY KEY, \
+         model text NOT NULL DEFAULT '' CHECK (model <> 'refused-model'))"
+    ))
+    .await
+    .unwrap();
+    let up = Barrier::start(22).await;
+    let serve = default_serve() + &audit_yaml(s, &pg_url(), "audit/injections.jsonl");
+    let proxy = Proxy::start(&serve, &up.base).await;
+    send_22(&proxy, ["gpt-4o", "gpt-4o"], &|i| if i == 7 { "refused-model".into() } else { "gpt-4o".into() }).await;
+    let dropped = r#"mcp_context_audit_records_total{sink="postgres",outcome="dropped"}"#;
+    let written = r#"mcp_context_audit_records_total{sink="postgres",outcome="written"}"#;
+    let mut m = String::new();
+    wait_until("22 records written or dropped", Duration::from_secs(20), async || {
+        m = http().get(format!("{}/metrics", proxy.url)).send().await.unwrap().text().await.unwrap();
+        metric(&m, dropped) + metric(&m, written) >= 22.0
+    })
+    .await;
+    assert_eq!((metric(&m, written), metric(&m, dropped)), (21.0, 1.0), "{m}");
+    assert!(m.contains(r#"mcp_context_audit_sink_up{sink="postgres"} 1"#), "{m}");
+    assert_eq!(count(&db, s).await, 21);
+    let bob: i64 = db
+        .query_one(&format!("SELECT count(*) FROM \"{s}\".injections WHERE user_name = 'bob'"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bob, 19, "bob's other 19 are stored");
+    assert!(proxy.stderr().contains("refused 1 record(s)"), "{}", proxy.stderr());
+}
 
 // ------------------------------------------------------------ 9: Messages cache breakpoints
 
