@@ -43,6 +43,7 @@ pub(super) struct RawServe {
     readyz_details: bool,
     max_connections: Option<usize>,
     header_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
     body_timeout_ms: Option<u64>,
     max_inflight_body_bytes: Option<usize>,
     max_unidentified_body_bytes: Option<usize>,
@@ -195,8 +196,18 @@ pub struct ServeSettings {
     pub readyz_details: bool,
     /// Open connections at once; past it the proxy stops accepting until one closes.
     pub max_connections: usize,
-    /// Longest time a client may take to send a request's headers.
+    /// Longest time a client may take to send a request's headers: the
+    /// first request's from the connection's accept (a client that sends
+    /// nothing is closed after it), a later one's from its first byte.
+    /// Default 10 s.
     pub header_timeout: Duration,
+    /// `serve.idle_timeout_ms`: a keep-alive connection with no request in
+    /// flight and nothing of a next one is closed after this long, freeing
+    /// its `max_connections` slot. Default 30 s: past the 4–5 s after which
+    /// the usual client pools (Python's httpx, Node's undici) drop an idle
+    /// connection themselves, short enough that idle sockets cannot hold the
+    /// cap for long.
+    pub idle_timeout: Duration,
     /// Longest time a client may take to send a request's body.
     pub body_timeout: Duration,
     /// Request body bytes held at once, all requests together; past it: 503.
@@ -261,6 +272,7 @@ impl Default for ServeSettings {
             readyz_details: false,
             max_connections: 1024,
             header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(30),
             max_inflight_body_bytes: 256 << 20,
             max_unidentified_body_bytes: 32 << 20,
@@ -539,6 +551,11 @@ pub(super) fn settings(
             "header_timeout_ms",
             raw.header_timeout_ms,
             d.header_timeout.as_millis() as u64,
+        )),
+        idle_timeout: Duration::from_millis(nonzero(
+            "idle_timeout_ms",
+            raw.idle_timeout_ms,
+            d.idle_timeout.as_millis() as u64,
         )),
         body_timeout: Duration::from_millis(nonzero(
             "body_timeout_ms",

@@ -420,6 +420,18 @@ mod all_problems {
         let e = Config::from_yaml_with_env("context:\n  max_tokens: 0\n", Path::new("c.yaml"), &|_| None).unwrap_err();
         assert_eq!(e.to_string(), "c.yaml:2:15: context.max_tokens must be at least 1");
     }
+
+    /// `serve.idle_timeout_ms`: 30 s unless set; 0 is refused at its value.
+    #[test]
+    fn the_idle_timeout_has_a_default_and_refuses_zero() {
+        let read = |yaml: &str| Config::from_yaml_with_env(yaml, Path::new("c.yaml"), &|_| None);
+        let d = read("servers: {}\n").unwrap();
+        assert_eq!(d.serve.idle_timeout, std::time::Duration::from_secs(30));
+        let c = read("serve:\n  idle_timeout_ms: 1500\n").unwrap();
+        assert_eq!(c.serve.idle_timeout, std::time::Duration::from_millis(1500));
+        let e = read("serve:\n  idle_timeout_ms: 0\n").unwrap_err();
+        assert_eq!(e.to_string(), "c.yaml:2:20: serve.idle_timeout_ms must be at least 1");
+    }
 }
 
 mod memory_bounds {

@@ -192,7 +192,11 @@ pub async fn run(config: Config, opts: Options) -> crate::Result<()> {
         refresh_keys(v.clone(), stop.clone());
     }
     let app = router(state.clone());
-    let limits = listen::Limits { max_connections: settings.max_connections, header_timeout: settings.header_timeout };
+    let limits = listen::Limits {
+        max_connections: settings.max_connections,
+        header_timeout: settings.header_timeout,
+        idle_timeout: settings.idle_timeout,
+    };
     let server = listen::serve(listener, app, limits, stop.clone());
     let mut server = tokio::spawn(server);
     {

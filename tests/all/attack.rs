@@ -201,7 +201,7 @@ fn error_code(body: &str) -> String {
     v["error"]["code"].as_str().unwrap_or_default().to_owned()
 }
 
-fn rss_kib(pid: u32) -> u64 {
+pub fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()

@@ -7,18 +7,207 @@
 //! (a local Messages stand-in recording the forwarded body).
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
+use crate::attack::{StoreUpstream, raw_http};
 use crate::audit::{Schema, audit_yaml, count, metric, pg, pg_url, wait_until};
 use crate::common::*;
 use crate::messages::{Stand, breakpoints, our_block, post as post_messages, serve_yaml};
-use crate::serve::{Proxy, default_serve, http};
+use crate::serve::{Proxy, Upstream, chat_body, default_serve, http};
+
+// ------------------------------------------------------------ 6: idle connections
+
+/// Whether the proxy closes `s` within `within` (EOF or a reset; bytes it sent first are skipped).
+async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let end = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(end, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// `max_connections: 8` held by 8 sockets that send nothing or only part of
+/// an HTTP/2 preface (which hyper-util waits on before any HTTP timer ran):
+/// once `header_timeout_ms` after their accept they are cut off, a real
+/// caller's `/healthz` and chat request are served, and nothing of the
+/// hostile sockets reached the upstream. Before: the 8 stayed open forever
+/// and the caller was never served.
+#[tokio::test]
+async fn sockets_that_send_nothing_cannot_hold_the_connection_cap() {
+    let up = StoreUpstream::start("/v1", "").await;
+    let serve = format!("{}  max_connections: 8\n  header_timeout_ms: 1000\n", default_serve());
+    let proxy = Proxy::start(&serve, &up.base).await;
+    let addr = proxy.url.trim_start_matches("http://").to_owned();
+    let mut hostile = Vec::new();
+    for i in 0..8 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        if i % 3 == 2 {
+            // The first 20 bytes of the HTTP/2 preface, then nothing.
+            s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM").await.unwrap();
+        }
+        hostile.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let healthz = raw_http(&proxy.url, "GET /healthz HTTP/1.1\nHost: {host}\nConnection: close\n\n", b"");
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(8), healthz)
+        .await
+        .expect("a real caller is served once the idle sockets are cut off (8 s passed)");
+    assert_eq!(status, 200);
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(4), "served after {waited:?}");
+    let r = proxy.post("/v1/chat/completions", Some("key-alice"), &chat_body("hi")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    for (i, s) in hostile.iter_mut().enumerate() {
+        assert!(closed_within(s, Duration::from_secs(2)).await, "hostile socket {i} is still open");
+    }
+    let got = up.got();
+    assert_eq!(got.len(), 1, "only the real chat request reached the upstream: {got:#?}");
+    assert_eq!(got[0].target, "/v1/chat/completions");
+}
+
+/// An HTTP/2 connection (prior knowledge) after one request, no stream open.
+async fn h2_after_one_request(
+    addr: &str,
+) -> (hyper::client::conn::http2::SendRequest<String>, tokio::task::JoinHandle<Instant>) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let io = hyper_util::rt::TokioIo::new(tcp);
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io).await.unwrap();
+    let ended = tokio::spawn(async move {
+        let _ = conn.await;
+        Instant::now()
+    });
+    let req = http::Request::get(format!("http://{addr}/healthz")).body(String::new()).unwrap();
+    let r = send.send_request(req).await.unwrap();
+    assert_eq!(r.status(), 200);
+    (send, ended)
+}
+
+/// Keep-alive connections, HTTP/1.1 and HTTP/2, left idle after a request
+/// are closed after `idle_timeout_ms` (2.5 s here, past the 1 s header
+/// timeout: the two are distinct), not before; a next request's headers
+/// begun and not finished are cut after `header_timeout_ms`; a request in
+/// flight longer than both (an upstream 3 s slow, a stream paused 3 s) is
+/// never cut. Before: an idle HTTP/2 connection stayed open forever, and an
+/// idle HTTP/1.1 one was closed by hyper's header timer after 1 s.
+#[tokio::test]
+async fn idle_keep_alive_connections_are_closed_after_the_idle_timeout_and_requests_in_flight_never() {
+    let up = Upstream::start().await;
+    let serve = format!("{}  header_timeout_ms: 1000\n  idle_timeout_ms: 2500\n", default_serve());
+    let proxy = Proxy::start(&serve, &up.base).await;
+    let addr = proxy.url.trim_start_matches("http://").to_owned();
+
+    // HTTP/1.1: one request, then nothing.
+    let mut h1 = TcpStream::connect(&addr).await.unwrap();
+    h1.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = h1.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    let h1_idle = Instant::now();
+    // HTTP/2: one request, then nothing.
+    let (_send, h2_ended) = h2_after_one_request(&addr).await;
+    let h2_idle = Instant::now();
+    // HTTP/1.1: a request, then half of the next one's headers.
+    let mut slow = TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let n = slow.read(&mut buf).await.unwrap();
+    assert!(n > 0);
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ").await.unwrap();
+    let slow_began = Instant::now();
+
+    assert!(closed_within(&mut slow, Duration::from_millis(2200)).await, "the slow next headers were not cut");
+    let cut = slow_began.elapsed();
+    assert!(cut >= Duration::from_millis(900), "the slow headers were cut after {cut:?}, before the header timeout");
+
+    assert!(
+        !closed_within(&mut h1, Duration::from_millis(1800).saturating_sub(h1_idle.elapsed())).await,
+        "closed early"
+    );
+    assert!(closed_within(&mut h1, Duration::from_secs(3)).await, "the idle HTTP/1.1 connection stayed open");
+    let h1_after = h1_idle.elapsed();
+    assert!(h1_after >= Duration::from_millis(2400), "closed after {h1_after:?}, before idle_timeout_ms");
+    let h2_closed = tokio::time::timeout(Duration::from_secs(4), h2_ended)
+        .await
+        .expect("the idle HTTP/2 connection stayed open")
+        .unwrap();
+    let h2_after = h2_closed - h2_idle;
+    assert!(h2_after >= Duration::from_millis(2400), "closed after {h2_after:?}, before idle_timeout_ms");
+
+    // Requests in flight longer than both timeouts.
+    let started = Instant::now();
+    let r = proxy.post("/v1/chat/completions", Some("key-alice"), &chat_body("SLOW please")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains(crate::serve::ANSWER));
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    let mut body = chat_body("GATE then wait");
+    body["stream"] = json!(true);
+    let r = proxy.post("/v1/chat/completions", Some("key-alice"), &body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut stream = r.bytes_stream();
+    use futures::StreamExt;
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    up.release();
+    let mut rest = String::new();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap() {
+        rest.push_str(&String::from_utf8_lossy(&chunk.expect("the paused stream was not cut")));
+    }
+    assert!(rest.contains("[DONE]"), "{rest}");
+    assert_eq!(up.finished(), 1);
+}
+
+/// Not a test: the proxy's RSS with 1024 sockets that send nothing against
+/// the default `max_connections` (1024) and `header_timeout_ms` (10 s), and
+/// how long a real caller then waits. For BENCHMARKS.md:
+/// `cargo test --test all hardening::bench_idle_sockets -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore]
+async fn bench_idle_sockets() {
+    let up = StoreUpstream::start("/v1", "").await;
+    let proxy = Proxy::start(&default_serve(), &up.base).await;
+    let pid = proxy.child.id().unwrap();
+    let addr = proxy.url.trim_start_matches("http://").to_owned();
+    let rss = || crate::attack::rss_kib(pid);
+    // Warm: one request served.
+    let (status, _, _) = raw_http(&proxy.url, "GET /healthz HTTP/1.1\nHost: {host}\nConnection: close\n\n", b"").await;
+    assert_eq!(status, 200);
+    let before = rss();
+    let mut idle = Vec::new();
+    for _ in 0..1024 {
+        idle.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = rss();
+    let started = Instant::now();
+    let healthz = raw_http(&proxy.url, "GET /healthz HTTP/1.1\nHost: {host}\nConnection: close\n\n", b"");
+    let served = tokio::time::timeout(Duration::from_secs(30), healthz).await.ok().map(|r| r.0);
+    let waited = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut closed = 0;
+    for s in &mut idle {
+        closed += usize::from(closed_within(s, Duration::from_millis(5)).await);
+    }
+    eprintln!(
+        "idle sockets: RSS before {before} KiB, with 1024 idle {held} KiB (+{} KiB), after {} KiB; \
+         a caller's /healthz: {served:?} after {waited:?}; {closed} of 1024 closed by the proxy",
+        held.saturating_sub(before),
+        rss()
+    );
+}
 
 // ------------------------------------------------------------ 7: the PostgreSQL audit
 
