@@ -33,5 +33,6 @@ mod sdk;
 mod security;
 mod serve;
 mod shared;
+mod small_items;
 mod tools;
 mod traces;
