@@ -15,12 +15,12 @@ use tokio_util::sync::CancellationToken;
 use crate::common::*;
 use crate::serve::{Proxy, Upstream, chat_body, default_serve, http};
 
-fn pg_url() -> String {
+pub fn pg_url() -> String {
     std::env::var("MCP_TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 /// A connection to the test database, or `None` (after `skip`) when there is none.
-async fn pg(test: &str) -> Option<tokio_postgres::Client> {
+pub async fn pg(test: &str) -> Option<tokio_postgres::Client> {
     match tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls).await {
         Ok((client, conn)) => {
             tokio::spawn(conn);
@@ -34,10 +34,10 @@ async fn pg(test: &str) -> Option<tokio_postgres::Client> {
 }
 
 /// A schema of the test's own, dropped (with everything in it) when this goes.
-struct Schema(String);
+pub struct Schema(pub String);
 
 impl Schema {
-    fn new() -> Schema {
+    pub fn new() -> Schema {
         static N: AtomicUsize = AtomicUsize::new(0);
         Schema(format!("audit_t{}x{}x{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst), rand_suffix()))
     }
@@ -64,14 +64,14 @@ impl Drop for Schema {
     }
 }
 
-async fn count(c: &tokio_postgres::Client, schema: &str) -> i64 {
+pub async fn count(c: &tokio_postgres::Client, schema: &str) -> i64 {
     match c.query_one(&format!("SELECT count(*) FROM \"{schema}\".injections"), &[]).await {
         Ok(row) => row.get(0),
         Err(_) => 0,
     }
 }
 
-async fn wait_until(what: &str, within: Duration, mut f: impl AsyncFnMut() -> bool) {
+pub async fn wait_until(what: &str, within: Duration, mut f: impl AsyncFnMut() -> bool) {
     let end = Instant::now() + within;
     while Instant::now() < end {
         if f().await {
@@ -125,7 +125,7 @@ fn blocks(message: &str) -> Vec<(String, String, Vec<String>)> {
     out
 }
 
-fn audit_yaml(schema: &str, pg: &str, file: &str) -> String {
+pub fn audit_yaml(schema: &str, pg: &str, file: &str) -> String {
     format!(
         "audit:\n  sinks:\n    - file: {{ path: {file}, max_bytes: 1000000, keep: 2 }}\n    - postgres: {{ url: \"{pg}\", schema: {schema}, table: injections }}\n"
     )

@@ -34,5 +34,6 @@ mod security;
 mod serve;
 mod shared;
 mod small_items;
+mod terminal;
 mod tools;
 mod traces;
