@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use mcp_context::Config;
 use mcp_context::audit::{AuditQuery, AuditRecord, query, since};
+use mcp_context::display::escape;
 
 /// The questions `mcp-context audit` answers.
 #[derive(Subcommand)]
@@ -73,7 +74,7 @@ pub(crate) async fn run(config: &Config, command: AuditCommand) -> anyhow::Resul
     };
     let head = ["time", if who { "user" } else { "resource" }, "via", "route", "sha256", "tokens", "request"];
     let widths: Vec<usize> =
-        (0..7).map(|c| rows.iter().map(|r| r[c].len()).chain([head[c].len()]).max().unwrap_or(0)).collect();
+        (0..7).map(|c| rows.iter().map(|r| r[c].chars().count()).chain([head[c].len()]).max().unwrap_or(0)).collect();
     for line in std::iter::once(head.map(str::to_owned)).chain(rows) {
         let cells: Vec<String> = line.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         writeln!(out, "{}", cells.join("  ").trim_end())?;
@@ -85,18 +86,13 @@ pub(crate) async fn run(config: &Config, command: AuditCommand) -> anyhow::Resul
 }
 
 /// One table line: time, who or what, how identified, route (and upstream status), digest, tokens, request id.
+/// Every cell escaped ([`escape`]): a resource URI or a user name holding a newline, an escape sequence or a
+/// bidirectional control is one cell of one line, shown as what it is (`--json` keeps it exact).
 fn row(r: &AuditRecord, sha256: &str, tokens: usize, subject: &str) -> [String; 7] {
     let route = match r.upstream_status {
         Some(s) => format!("{} {s}", r.route),
         None => r.route.clone(),
     };
-    [
-        r.at.clone(),
-        subject.to_owned(),
-        r.identity_source.clone(),
-        route,
-        sha256.get(..16).unwrap_or(sha256).to_owned(),
-        tokens.to_string(),
-        r.request_id.clone(),
-    ]
+    [&r.at, subject, &r.identity_source, &route, sha256.get(..16).unwrap_or(sha256), &tokens.to_string(), &r.request_id]
+        .map(|cell| escape(cell).into_owned())
 }

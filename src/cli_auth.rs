@@ -190,7 +190,8 @@ pub(crate) async fn run(config: &Config, command: AuthCommand) -> anyhow::Result
                 writeln!(out, "no server has a per-user `auth:` block")?;
             } else {
                 for (s, k, st, d) in rows {
-                    writeln!(out, "{s}\t{k}\t{st}\t{d}")?;
+                    // The detail may quote an authorization server: escaped, one line per server.
+                    writeln!(out, "{s}\t{k}\t{st}\t{}", mcp_context::display::escape(&d))?;
                 }
             }
         }

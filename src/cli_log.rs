@@ -1,5 +1,17 @@
 //! The CLI's logs (text or JSON on stderr) and, with `telemetry:`, the OTLP
-//! exporter of traces: installed once the command knows its config.
+//! exporter of traces: installed once the command knows its config. In the
+//! text form every field's value (of events and of spans) is escaped
+//! ([`EscapedFields`]): a resource URI, a server's stderr line or a caller's
+//! value holding a newline, an escape sequence or a bidirectional control
+//! stays on its line and reaches no terminal raw. The JSON form is exact.
+
+use std::fmt;
+
+use mcp_context::display::Escaped;
+use tracing::field::{Field, Visit};
+use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::format::Writer;
 
 /// How log lines are written.
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -35,7 +47,8 @@ where
         let layer = tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(true);
         return Unpolled(layer.with_writer(std::io::stderr).boxed().with_filter(log_filter(verbose))).boxed();
     }
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
+    let layer =
+        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).fmt_fields(EscapedFields);
     let layer = layer.with_ansi(colour_on_stderr());
     // Without -v only warnings show: a timestamp is noise next to `warning:` lines.
     let layer = if verbose == 0 { layer.without_time().boxed() } else { layer.boxed() };
@@ -95,4 +108,64 @@ impl Tracing {
 fn colour_on_stderr() -> bool {
     use std::io::IsTerminal;
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// The text log's fields as tracing-subscriber's default writes them
+/// (`message` first, bare; then `name=value`, strings quoted), every value
+/// escaped as [`mcp_context::display::escape`] does. The default escapes
+/// only a few controls in the message, and none in fields written with `%`,
+/// nor newlines or bidirectional controls anywhere.
+struct EscapedFields;
+
+impl<'writer> FormatFields<'writer> for EscapedFields {
+    fn format_fields<R: RecordFields>(&self, mut writer: Writer<'writer>, fields: R) -> fmt::Result {
+        let mut visitor = EscapingVisitor { writer: &mut writer, first: true, result: Ok(()) };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+struct EscapingVisitor<'a, 'writer> {
+    writer: &'a mut Writer<'writer>,
+    first: bool,
+    result: fmt::Result,
+}
+
+impl EscapingVisitor<'_, '_> {
+    fn write(&mut self, field: &Field, value: fmt::Arguments<'_>) {
+        let name = field.name();
+        if self.result.is_err() || name.starts_with("log.") {
+            return;
+        }
+        let sep = if std::mem::take(&mut self.first) { "" } else { " " };
+        self.result = match name.strip_prefix("r#").unwrap_or(name) {
+            "message" => write!(self.writer, "{sep}{}", Escaped(value)),
+            name => write!(self.writer, "{sep}{name}={}", Escaped(value)),
+        };
+    }
+}
+
+impl Visit for EscapingVisitor<'_, '_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.write(field, format_args!("{value}"));
+        } else {
+            self.write(field, format_args!("{value:?}"));
+        }
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        let mut text = value.to_string();
+        let mut source = value.source();
+        while let Some(s) = source {
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            source = s.source();
+        }
+        self.write(field, format_args!("{text}"));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.write(field, format_args!("{value:?}"));
+    }
 }

@@ -5,7 +5,7 @@
 //! is what makes the first-colon split unambiguous (`docs:file:///a.txt` is
 //! server `docs`, uri `file:///a.txt`).
 //!
-//! Layer: bottom. Imports only `error`.
+//! Layer: bottom. Imports only `error` and `display`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -21,17 +21,27 @@ pub(crate) const MAX_ID_LEN: usize = 8192;
 pub const MAX_USER_NAME_BYTES: usize = 256;
 
 /// What is wrong with a user name, if anything: empty, longer than
-/// [`MAX_USER_NAME_BYTES`], or holding a control character (a newline in a
-/// name would forge log lines, and a name that prints differently from what
-/// it is cannot be audited).
+/// [`MAX_USER_NAME_BYTES`], or holding a control character or a
+/// bidirectional control (U+202E and its kin, as [`display`](crate::display) lists them). A
+/// newline in a name would forge log lines, and a name that prints
+/// differently from what it is (`alice\u{202e}` shown as another) cannot
+/// be audited. The same check for every source: a policy, a caller key's
+/// mapping, a header, a body, a verified token's claim.
 pub fn user_name_problem(name: &str) -> Option<String> {
     if name.is_empty() {
         Some("a user name cannot be empty".into())
     } else if name.len() > MAX_USER_NAME_BYTES {
         Some(format!("a user name is at most {MAX_USER_NAME_BYTES} bytes (this one has {})", name.len()))
+    } else if let Some(c) = name.chars().find(|c| c.is_control()) {
+        Some(format!("a user name cannot hold control characters (found U+{:04X})", c as u32))
     } else {
-        let control = name.chars().find(|c| c.is_control());
-        control.map(|c| format!("a user name cannot hold control characters (found U+{:04X})", c as u32))
+        let bidi = name.chars().find(|c| crate::display::is_bidi_control(*c));
+        bidi.map(|c| {
+            format!(
+                "a user name cannot hold bidirectional controls, which make it print as another name (found U+{:04X})",
+                c as u32
+            )
+        })
     }
 }
 
@@ -157,6 +167,19 @@ mod tests {
         }
         let huge = format!("a:{}", "x".repeat(MAX_ID_LEN + 1));
         assert!(ResourceId::parse(&huge).unwrap_err().to_string().contains("limit"));
+    }
+
+    #[test]
+    fn user_names_print_as_what_they_are() {
+        assert_eq!(user_name_problem("alice"), None);
+        assert_eq!(user_name_problem("Zoë O'Brien"), None);
+        assert!(user_name_problem("a\nb").is_some_and(|p| p.contains("control characters (found U+000A)")));
+        for (name, code) in
+            [("mallory\u{202e}ecila", "U+202E"), ("\u{2066}bob\u{2069}", "U+2066"), ("x\u{200f}", "U+200F")]
+        {
+            let problem = user_name_problem(name).unwrap_or_default();
+            assert!(problem.contains("bidirectional controls") && problem.contains(code), "{name:?}: {problem}");
+        }
     }
 
     #[test]

@@ -42,8 +42,9 @@
 //! [`settings`] (the config file's sections), [`access`] (policies and the
 //! gate), [`servers`] (the connections), [`compose`] (the pure middle, for
 //! callers that read resources themselves), [`inject`] (injection into
-//! requests, typed and as JSON), [`tools`] (the model-driven path) and
-//! [`resource`] (MCP resource types).
+//! requests, typed and as JSON), [`tools`] (the model-driven path),
+//! [`resource`] (MCP resource types) and [`display`] (outside text escaped
+//! for terminals and log lines).
 
 /// The async-openai this crate is built against, so that request and message
 /// types match ours exactly.
@@ -62,6 +63,7 @@ pub mod credentials;
 /// `cli`.
 #[cfg(feature = "cli")]
 pub mod demo;
+pub mod display;
 mod error;
 mod gate;
 mod http;

@@ -18,10 +18,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use clap::{Parser, Subcommand};
 use mcp_context::access::Via;
 use mcp_context::compose::render_text;
+use mcp_context::display::escape;
 use mcp_context::servers::Hub;
 use mcp_context::{Config, ContextRequest, McpContext, Policy, ResourceId};
 
@@ -31,6 +32,7 @@ use mcp_context::serve;
 mod cli_audit;
 mod cli_auth;
 mod cli_auth_login;
+mod cli_list;
 mod cli_log;
 
 use cli_log::{LogFormat, init_tracing, log_subscriber};
@@ -200,7 +202,10 @@ fn main() -> ExitCode {
             if is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {e:#}");
+            // Each line escaped (what a server said may be in it); the lines our messages break stay.
+            let text = format!("{e:#}");
+            let lines: Vec<_> = text.lines().map(escape).collect();
+            eprintln!("error: {}", lines.join("\n"));
             ExitCode::FAILURE
         }
     }
@@ -265,7 +270,7 @@ async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
         Command::List { server, json } => {
             let config = only_server(config, server.as_deref())?;
             let verbose = cli.verbose > 0;
-            with_hub(&config, |hub| async move { list(&hub, server.as_deref(), json, verbose) }).await
+            with_hub(&config, |hub| async move { cli_list::list(&hub, server.as_deref(), json, verbose) }).await
         }
         Command::Read { id } => {
             let id = ResourceId::parse(&id)?;
@@ -369,17 +374,20 @@ async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
                     Ok(admitted) => {
                         let r = &admitted.resource;
                         let d = up.decide(r);
-                        writeln!(out, "{} {} for user {}", if d.allowed { "ALLOW" } else { "DENY" }, r.id, user)?;
-                        writeln!(out, "  {}", d.detail())?;
+                        let (verdict, id) = (if d.allowed { "ALLOW" } else { "DENY" }, r.id.to_string());
+                        writeln!(out, "{verdict} {} for user {}", escape(&id), escape(&user))?;
+                        writeln!(out, "  {}", escape(&d.detail()))?;
                         match &admitted.via {
                             Via::Listing => {}
-                            Via::Template(t) => writeln!(out, "  note: not listed; an expansion of the template {t}")?,
+                            Via::Template(t) => {
+                                writeln!(out, "  note: not listed; an expansion of the template {}", escape(t))?;
+                            }
                             Via::Include => writeln!(out, "  note: not listed; one of this user's policy includes")?,
                         }
                         if admitted.via != Via::Listing
                             && let Some(mime) = &r.mime_type
                         {
-                            writeln!(out, "  note: decided with the template's MIME type {mime}")?;
+                            writeln!(out, "  note: decided with the template's MIME type {}", escape(mime))?;
                         }
                     }
                 }
@@ -451,15 +459,16 @@ where
     let down: Vec<_> = failures.iter().filter(|f| is_down(&hub, &f.server)).collect();
     let result = if !down.is_empty() && down.len() == config.servers.len() {
         Err(match down.as_slice() {
-            [one] => anyhow::anyhow!("server `{}` failed: {}", one.server, one.error),
+            [one] => anyhow::anyhow!("server `{}` failed: {}", one.server, escape(&one.error)),
             all => {
-                let each: Vec<String> = all.iter().map(|f| format!("\n  server `{}`: {}", f.server, f.error)).collect();
+                let each: Vec<String> =
+                    all.iter().map(|f| format!("\n  server `{}`: {}", f.server, escape(&f.error))).collect();
                 anyhow::anyhow!("all {} servers failed:{}", all.len(), each.concat())
             }
         })
     } else {
         for failure in &failures {
-            eprintln!("warning: server `{}` failed: {}", failure.server, failure.error);
+            eprintln!("warning: server `{}` failed: {}", failure.server, escape(&failure.error));
         }
         tokio::select! {
             r = f(hub.clone()) => r,
@@ -531,70 +540,4 @@ async fn signalled() -> ExitCode {
         Ok(code) => ExitCode::from(code.unwrap_or(1)),
         Err(_) => std::future::pending().await,
     }
-}
-
-/// `verbose` (the global `-v`/`--verbose`) adds a `Servers:` section to the
-/// text form: the negotiated revision, which the JSON form always has.
-fn list(hub: &Hub, server: Option<&str>, json: bool, verbose: bool) -> anyhow::Result<ExitCode> {
-    let resources = hub.resources();
-    let mut out = std::io::stdout().lock();
-    if json {
-        let v = serde_json::json!({
-            "resources": resources,
-            "templates": hub.templates(),
-            "failed_servers": hub.failures(),
-            // Per server: connected, the negotiated revision (`protocol`), counts, timings.
-            "servers": hub.status(),
-        });
-        writeln!(out, "{}", serde_json::to_string_pretty(&v).context("serialising the listing")?)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    write!(out, "{}", mcp_context::tools::format_listing(&resources, server))?;
-    // Templates under their own heading: `--json` has them, so does the text.
-    let templates: Vec<_> = hub.templates().into_iter().filter(|t| server.is_none_or(|s| t.server == s)).collect();
-    if !templates.is_empty() {
-        writeln!(out, "\nResource templates:")?;
-        for t in templates {
-            let clean = |s: &str| s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>();
-            write!(out, "- {}:{}", t.server, clean(&t.uri_template))?;
-            if !t.name.is_empty() {
-                write!(out, " | {}", clean(&t.name))?;
-            }
-            if let Some(d) = t.description.as_deref().filter(|d| !d.is_empty()) {
-                write!(out, " | {}", clean(d))?;
-            }
-            writeln!(out)?;
-        }
-    }
-    if verbose {
-        writeln!(out, "\nServers:")?;
-        for s in hub.status().into_iter().filter(|s| server.is_none_or(|n| s.name == n)) {
-            write!(out, "{}", server_line(&s))?;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// One server in `list --verbose`, e.g.
-/// `- docs: protocol 2026-07-28, 12 resources, 0 templates`.
-fn server_line(s: &mcp_context::servers::ServerStatus) -> String {
-    let clean = |t: &str| t.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>();
-    let mut line = format!("- {}: ", s.name);
-    match (&s.protocol, s.connected) {
-        (Some(p), true) => line.push_str(&format!("protocol {}", clean(p))),
-        (Some(p), false) => line.push_str(&format!("not connected (last protocol {})", clean(p))),
-        (None, _) => line.push_str("not connected"),
-    }
-    line.push_str(&format!(", {} resources, {} templates", s.resources, s.templates));
-    if !s.listing_complete {
-        line.push_str(", listing incomplete");
-    }
-    if s.restarts > 0 {
-        line.push_str(&format!(", {} restarts", s.restarts));
-    }
-    if let Some(problem) = &s.problem {
-        line.push_str(&format!(": {}", clean(problem)));
-    }
-    line.push('\n');
-    line
 }

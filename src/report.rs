@@ -2,13 +2,16 @@
 //! and why. The CLI, the chatbot, tracing and the tests all read this one
 //! value; nothing else describes what happened.
 //!
-//! Layer: bottom. Imports only `mode` (the two choices it records).
+//! Layer: bottom. Imports only `mode` (the two choices it records) and
+//! `display` (the table escapes what servers named).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::display::escape;
 use crate::mode::{MessageRole, SelectMode};
 
 /// One included chunk, for the report.
@@ -413,30 +416,27 @@ impl Report {
     }
 }
 
-/// A readable table, as `mcp-context preview` prints on stderr.
+/// A readable table, as `mcp-context preview` prints on stderr. What
+/// servers and callers named (ids, details, errors, the user, warnings) is
+/// escaped ([`escape`]): one line per entry, nothing a terminal would run.
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
             "user {}  model {} ({})  tokens {}/{}  in {:.1} ms{}",
-            self.user,
-            self.model,
+            escape(&self.user),
+            escape(&self.model),
             self.encoding,
             self.tokens,
             self.budget,
             self.timings.total_ms,
             self.mode.map(|m| format!("  mode {m}")).unwrap_or_default()
         )?;
-        let width = self
-            .included
-            .iter()
-            .map(|i| i.id.len())
-            .chain(self.excluded.iter().map(|e| e.id.len()))
-            .max()
-            .unwrap_or(2)
-            .max(2);
+        let included: Vec<Cow<'_, str>> = self.included.iter().map(|i| escape(&i.id)).collect();
+        let excluded: Vec<Cow<'_, str>> = self.excluded.iter().map(|e| escape(&e.id)).collect();
+        let width = included.iter().chain(&excluded).map(|id| id.chars().count()).max().unwrap_or(2).max(2);
         writeln!(f, "  {:<10} {:<width$} {:>7}  detail", "status", "id", "tokens")?;
-        for i in &self.included {
+        for (i, id) in self.included.iter().zip(&included) {
             let status = if i.truncated {
                 "truncated"
             } else if i.chunks.is_some() {
@@ -454,36 +454,31 @@ impl fmt::Display for Report {
                 detail = format!("chunks of {count}: {}{}", list.join(", "), if detail.is_empty() { "" } else { "; " })
                     + &detail;
             }
-            writeln!(f, "  {status:<10} {:<width$} {:>7}  {detail}", i.id, i.tokens)?;
+            writeln!(f, "  {status:<10} {id:<width$} {:>7}  {detail}", i.tokens)?;
         }
-        for e in self.excluded.iter() {
-            writeln!(
-                f,
-                "  {:<10} {:<width$} {:>7}  {}",
-                e.reason.to_string(),
-                e.id,
-                "-",
-                e.detail.as_deref().unwrap_or("")
-            )?;
+        for (e, id) in self.excluded.iter().zip(&excluded) {
+            let detail = escape(e.detail.as_deref().unwrap_or(""));
+            writeln!(f, "  {:<10} {id:<width$} {:>7}  {detail}", e.reason.to_string(), "-")?;
         }
         for s in &self.failed_servers {
-            writeln!(f, "  server {} failed: {}", s.server, s.error)?;
+            writeln!(f, "  server {} failed: {}", s.server, escape(&s.error))?;
         }
         for s in &self.restarted_servers {
             writeln!(f, "  server {s} was restarted (its process had ended)")?;
         }
         if !self.servers.is_empty() {
-            let list: Vec<String> = self.servers.iter().map(|s| format!("{} {}", s.server, s.protocol)).collect();
+            let list: Vec<String> =
+                self.servers.iter().map(|s| format!("{} {}", s.server, escape(&s.protocol))).collect();
             writeln!(f, "  servers: {}", list.join(", "))?;
         }
         if let Some(SharedCacheReport { up: false, error, .. }) = &self.shared_cache {
-            writeln!(f, "  shared cache down: {}", error.as_deref().unwrap_or("unknown cause"))?;
+            writeln!(f, "  shared cache down: {}", escape(error.as_deref().unwrap_or("unknown cause")))?;
         }
         for w in &self.warnings {
-            writeln!(f, "  warning: {w}")?;
+            writeln!(f, "  warning: {}", escape(w))?;
         }
         if let Some(r) = &self.reason {
-            writeln!(f, "  nothing injected: {r}")?;
+            writeln!(f, "  nothing injected: {}", escape(r))?;
         }
         Ok(())
     }

@@ -92,7 +92,9 @@ pub fn is_resource_tool(name: &str) -> bool {
     name == LIST_TOOL || name == READ_TOOL
 }
 
-/// The listing text, as the `list` command and `list_mcp_resources` show it.
+/// The listing text, as `list_mcp_resources` shows it to the model (names and descriptions on one line,
+/// as the reference host writes them). The `list` command prints the same lines with what servers named
+/// escaped for a terminal ([`escape`](crate::display::escape)).
 pub fn format_listing(resources: &[Resource], server: Option<&str>) -> String {
     let shown: Vec<&Resource> = resources.iter().filter(|r| server.is_none_or(|s| r.id.server == s)).collect();
     if shown.is_empty() {

@@ -1,7 +1,8 @@
 //! The JSONL sink: one record per line, appended by a thread of its own
 //! (file writes block), rotated by size: past `max_bytes` the file becomes
 //! `PATH.1`, an older `PATH.1` becomes `PATH.2`, and so on up to `PATH.keep`;
-//! older ones are removed.
+//! older ones are removed. A file it makes is mode 0600 (owner only), as
+//! the token file is; rotation renames, so the older files keep it.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -81,7 +82,13 @@ impl Writer {
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
-        let f = OpenOptions::new().create(true).append(true).open(&self.path)?;
+        let mut options = OpenOptions::new();
+        options.create(true).append(true);
+        // Made owner-only, like the token file: a record says who received what. A file that already
+        // exists keeps the mode it has (an operator may have opened it to a log shipper's group).
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let f = options.open(&self.path)?;
         self.size = f.metadata()?.len();
         self.out = Some(BufWriter::new(f));
         self.stats.up();

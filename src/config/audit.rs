@@ -65,7 +65,8 @@ pub const DEFAULT_AUDIT_TABLE: &str = "mcp_context_audit";
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum AuditSink {
-    /// One JSON object per line, appended; rotated by size.
+    /// One JSON object per line, appended; rotated by size. Made mode 0600
+    /// (owner only) when it does not exist; an existing file keeps its mode.
     File {
         /// The file (relative paths resolve against the config's folder).
         path: PathBuf,

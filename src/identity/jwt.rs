@@ -55,7 +55,8 @@ pub struct JwtSettings {
     pub jwks: JwksSource,
     /// The claim naming the user (default `sub`).
     pub user_claim: String,
-    /// The claim holding the caller's groups: a list of strings or one space-separated string.
+    /// The claim holding the caller's groups: a list of strings or one string of groups separated by
+    /// ASCII spaces (U+0020 only: any other white space, a no-break space say, is part of a group's name).
     pub roles_claim: Option<String>,
     /// Group → policy roles; groups not listed give no role.
     pub role_map: BTreeMap<String, Vec<String>>,
@@ -447,7 +448,9 @@ fn identity(s: &JwtSettings, claims: &serde_json::Map<String, serde_json::Value>
         return Err(missing(format!("the token's `{}` is not a usable user name: {problem}", s.user_claim)));
     }
     let groups: Vec<&str> = match s.roles_claim.as_ref().and_then(|c| claims.get(c)) {
-        Some(serde_json::Value::String(s)) => s.split_whitespace().collect(),
+        // Split on the ASCII space only, as `roles_claim` documents (the OAuth `scope` convention):
+        // `"Marketing\u{a0}engineering"` is one group, not `engineering`.
+        Some(serde_json::Value::String(s)) => s.split(' ').filter(|g| !g.is_empty()).collect(),
         Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_str()).collect(),
         _ => Vec::new(),
     };
@@ -484,6 +487,10 @@ mod tests {
         assert_eq!(i.roles, ["staff", "oncall"]);
         assert_eq!(i.user, "alice");
         assert_eq!(identity(&s, &claims(serde_json::json!("ops nope"))).unwrap().roles, ["staff", "oncall"]);
+        assert_eq!(identity(&s, &claims(serde_json::json!("  nope  eng "))).unwrap().roles, ["staff"]);
+        for other_space in ["Marketing\u{a0}eng", "x\u{2003}eng", "x\teng", "x\neng"] {
+            assert!(identity(&s, &claims(serde_json::json!(other_space))).unwrap().roles.is_empty(), "{other_space:?}");
+        }
         assert!(identity(&s, &claims(serde_json::json!(null))).unwrap().roles.is_empty());
         s.required_claims.push("email".into());
         let e = identity(&s, &claims(serde_json::json!([]))).unwrap_err();

@@ -133,7 +133,15 @@ fn host_allowed(hosts: &Option<Vec<String>>, req: &Request) -> bool {
 }
 
 fn router(state: Shared) -> Router {
-    Router::new().fallback(dispatch).layer(tower_http::trace::TraceLayer::new_for_http()).with_state(state)
+    let router = Router::new().fallback(dispatch).layer(axum::middleware::map_response(nosniff));
+    router.layer(tower_http::trace::TraceLayer::new_for_http()).with_state(state)
+}
+
+/// `X-Content-Type-Options: nosniff` on every answer (relayed, error, probe, auth page): a browser takes a
+/// body for the type it is labelled, never sniffs an upstream's JSON echoing a caller's text as HTML.
+async fn nosniff(mut answer: Response) -> Response {
+    answer.headers_mut().insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    answer
 }
 
 /// Every request: the path checked and decoded, one route chosen on it, the

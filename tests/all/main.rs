@@ -34,5 +34,7 @@ mod sdk;
 mod security;
 mod serve;
 mod shared;
+mod small_items;
+mod terminal;
 mod tools;
 mod traces;
