@@ -103,8 +103,18 @@ pub struct OAuthSettings {
     /// metadata lists.
     pub scopes: Vec<String>,
     /// Overrides discovery (RFC 9728 from the server's 401, then RFC 8414).
+    /// Taken as written (plain `http` too), and the only kind of
+    /// authorization server a `client_secret` is sent to besides a
+    /// configured `token_endpoint` (or a loopback one for a loopback
+    /// server). Discovered ones must be `https` (plain `http` only on
+    /// loopback for a loopback server), with no query or fragment.
     pub authorization_server: Option<Url>,
-    /// The `resource` indicator (RFC 8707); defaults to the server's `url`
-    /// (or the `resource` its protected resource metadata names).
+    /// The `resource` indicator (RFC 8707); defaults to the server's `url`.
+    /// Always what is sent: the server's protected resource metadata must
+    /// name this same resource, or it is refused (RFC 9728 §3.3).
     pub resource: Option<String>,
+    /// The token endpoint, overriding the authorization server metadata's.
+    /// Default: the metadata's, which must then be on the issuer's origin
+    /// (scheme, host and port).
+    pub token_endpoint: Option<Url>,
 }

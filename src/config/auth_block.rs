@@ -96,7 +96,15 @@ pub(super) fn auth(cx: &AuthCx<'_>, raw: &RawAuth) -> ServerAuth {
             "audience",
             "subject_token_type",
         ],
-        "oauth" => &["client_id", "client_secret", "client_auth", "scopes", "authorization_server", "resource"],
+        "oauth" => &[
+            "client_id",
+            "client_secret",
+            "client_auth",
+            "scopes",
+            "authorization_server",
+            "resource",
+            "token_endpoint",
+        ],
         other => {
             cx.fail_at("type", format!("unknown auth type `{other}`; use one of {}", AUTH_TYPES.join(", ")));
             return ServerAuth::Static;
@@ -139,7 +147,7 @@ pub(super) fn auth(cx: &AuthCx<'_>, raw: &RawAuth) -> ServerAuth {
         "token_exchange" => {
             let client = client(cx, raw, &mut ok);
             let token_endpoint = url_of(cx, "token_endpoint", raw.token_endpoint.as_deref(), &mut ok);
-            let issuer = url_of(cx, "issuer", raw.issuer.as_deref(), &mut ok);
+            let issuer = issuer_of(cx, "issuer", raw.issuer.as_deref(), &mut ok);
             if raw.token_endpoint.is_none() && raw.issuer.is_none() {
                 cx.fail_at("type", "`token_exchange` needs `token_endpoint` or `issuer` (to discover it)".into());
                 ok = false;
@@ -158,7 +166,8 @@ pub(super) fn auth(cx: &AuthCx<'_>, raw: &RawAuth) -> ServerAuth {
         }
         _ => {
             let client = client(cx, raw, &mut ok);
-            let authorization_server = url_of(cx, "authorization_server", raw.authorization_server.as_deref(), &mut ok);
+            let authorization_server =
+                issuer_of(cx, "authorization_server", raw.authorization_server.as_deref(), &mut ok);
             ServerAuth::OAuth(OAuthSettings {
                 client_id: client.0,
                 client_secret: client.1,
@@ -166,6 +175,7 @@ pub(super) fn auth(cx: &AuthCx<'_>, raw: &RawAuth) -> ServerAuth {
                 scopes: raw.scopes.clone().unwrap_or_default(),
                 authorization_server,
                 resource: raw.resource.as_deref().map(|r| (cx.expand)(r)),
+                token_endpoint: url_of(cx, "token_endpoint", raw.token_endpoint.as_deref(), &mut ok),
             })
         }
     };
@@ -221,4 +231,21 @@ fn url_of(cx: &AuthCx<'_>, key: &str, value: Option<&str>, ok: &mut bool) -> Opt
             None
         }
     }
+}
+
+/// An issuer's URL ([`url_of`]) without a query or fragment (RFC 8414 §2).
+fn issuer_of(cx: &AuthCx<'_>, key: &str, value: Option<&str>, ok: &mut bool) -> Option<Url> {
+    let u = url_of(cx, key, value, ok)?;
+    if u.query().is_some() || u.fragment().is_some() {
+        cx.fail_at(
+            key,
+            format!(
+                "{key} is an issuer URL, which has no query or fragment (got `{}`); remove what follows `?` or `#`",
+                crate::cause::redact_url(u.as_str())
+            ),
+        );
+        *ok = false;
+        return None;
+    }
+    Some(u)
 }

@@ -656,6 +656,11 @@ mod auth_block {
                 ":4:19",
                 "token_endpoint` or `issuer`",
             ),
+            (
+                "servers:\n  a:\n    url: http://h/mcp\n    auth: { type: oauth, client_id: c, authorization_server: 'http://as/x?y=1' }\n",
+                ":4:62",
+                "has no query or fragment",
+            ),
         ];
         for (src, at, says) in cases {
             let src = format!("{src}{CRED}");

@@ -209,7 +209,8 @@ pub(crate) fn challenge_param(header: &str, name: &str) -> Option<String> {
 /// # Errors
 /// [`Error::Authorization`]: unreachable, or refused (`reauthorize` when
 /// the server says `invalid_grant`: the code, refresh or subject token is
-/// no good any more).
+/// no good any more), or the access token is a JWT for another audience
+/// than `resource` (or the form's `audience`).
 pub(crate) async fn token_request(
     http: &reqwest::Client,
     server: &str,
@@ -284,6 +285,10 @@ pub(crate) async fn token_request(
     {
         return Err(Error::authorization(server, format!("token type `{kind}` is not supported (only Bearer)"), false));
     }
+    // A JWT for another audience is refused: kept and sent to this server, it would hand it another's token.
+    let audiences: Vec<&str> =
+        std::iter::once(resource).chain(form.iter().filter(|(k, _)| *k == "audience").map(|(_, v)| *v)).collect();
+    super::discovery::check_audience(server, endpoint, access, &audiences)?;
     let mut set = TokenSet::bearer(SecretString::from(access.to_owned()), resource);
     set.refresh_token = doc["refresh_token"].as_str().map(|s| SecretString::from(s.to_owned()));
     set.expires_at = doc["expires_in"].as_u64().map(|s| SystemTime::now() + Duration::from_secs(s));

@@ -158,6 +158,8 @@ impl TokenExchanger {
             return Ok(u.clone());
         }
         let meta = authz::auth_server_metadata(&self.http, server, issuer).await?;
+        // A token endpoint elsewhere gets our client secret and the caller's token: only when configured.
+        super::discovery::check_token_endpoint(server, issuer, &meta.token_endpoint)?;
         self.endpoints
             .lock()
             .unwrap_or_else(|e| e.into_inner())

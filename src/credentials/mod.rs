@@ -12,6 +12,7 @@
 //! ids and the error type; nothing above them.
 
 mod authz;
+mod discovery;
 mod exchange;
 mod flows;
 mod loopback;

@@ -11,8 +11,9 @@
 //! Discovery as the MCP authorization spec says: the server's `401` names
 //! its protected resource metadata (RFC 9728), which names its
 //! authorization server, whose metadata (RFC 8414) gives the endpoints; or
-//! `authorization_server` from the config. The `resource` indicator
-//! (RFC 8707) is the server's (so the token's audience is that server);
+//! `authorization_server` from the config; what discovery may believe is
+//! `discovery.rs`'s. The `resource` indicator (RFC 8707) is always the
+//! server's own (so the token's audience is that server);
 //! `iss` in the redirect is checked when present (RFC 9207). Pending
 //! authorizations are bounded: [`PENDING_MAX`] in all, [`PENDING_PER_USER`]
 //! per user (in each process that starts them), each valid [`PENDING_TTL`]
@@ -42,7 +43,8 @@ use base64::Engine;
 use secrecy::{ExposeSecret, SecretString};
 use url::Url;
 
-use super::authz::{self, AuthServerMetadata, ClientCredentials};
+use super::authz::{self, ClientCredentials};
+use super::discovery::{self, Discovered};
 use super::{CredentialState, TokenSet, TokenStore};
 use crate::config::OAuthSettings;
 use crate::error::{Error, Result};
@@ -129,14 +131,6 @@ impl PendingRecord {
             created: Instant::now().checked_sub(age).unwrap_or_else(|| Instant::now() - PENDING_TTL * 2),
         })
     }
-}
-
-/// What discovery found for one server.
-#[derive(Clone)]
-struct Discovered {
-    meta: AuthServerMetadata,
-    resource: String,
-    scopes: Vec<String>,
 }
 
 /// The authorization code flows of all `oauth` servers, for all users.
@@ -407,7 +401,7 @@ impl OAuthFlows {
             return Ok((!held.expires_within(Duration::ZERO)).then_some(held));
         };
         let found = self.discover(server).await?;
-        match self.refresh_grant(server, &found, &held, refresh).await {
+        match self.refresh_grant(server, &found, refresh).await {
             Ok(fresh) => {
                 self.store.put(server, user, &fresh).await?;
                 tracing::debug!(server, user, "token refreshed");
@@ -446,7 +440,7 @@ impl OAuthFlows {
             return self.store.delete(server, user).await;
         };
         let found = self.discover(server).await?;
-        match self.refresh_grant(server, &found, &held, refresh).await {
+        match self.refresh_grant(server, &found, refresh).await {
             Ok(fresh) => {
                 let d: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(fresh.access_token.expose_secret()).into();
                 {
@@ -464,25 +458,21 @@ impl OAuthFlows {
         }
     }
 
-    /// One `refresh_token` grant for `held` at `server`'s token endpoint (`found`)
-    /// (counted); the new set keeps `refresh` when the answer rotates none.
-    async fn refresh_grant(
-        &self,
-        server: &str,
-        found: &Discovered,
-        held: &TokenSet,
-        refresh: SecretString,
-    ) -> Result<TokenSet> {
+    /// One `refresh_token` grant with `refresh` at `server`'s token endpoint
+    /// (`found`), for `found`'s resource (counted); the new set keeps
+    /// `refresh` when the answer rotates none.
+    async fn refresh_grant(&self, server: &str, found: &Discovered, refresh: SecretString) -> Result<TokenSet> {
         let settings = &self.servers[server].settings;
+        // Ours, never what the held set (or metadata) says: the new token is for this server.
         let form = [
             ("grant_type", "refresh_token"),
             ("refresh_token", refresh.expose_secret()),
-            ("resource", held.resource.as_str()),
+            ("resource", found.resource.as_str()),
         ];
         self.refreshes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let token_endpoint = &found.meta.token_endpoint;
         let mut fresh =
-            authz::token_request(&self.http, server, token_endpoint, &client(settings), &form, &held.resource).await?;
+            authz::token_request(&self.http, server, token_endpoint, &client(settings), &form, &found.resource).await?;
         if fresh.refresh_token.is_none() {
             fresh.refresh_token = Some(refresh);
         }
@@ -513,27 +503,7 @@ impl OAuthFlows {
         if let Some(d) = self.discovered.lock().unwrap_or_else(|e| e.into_inner()).get(server) {
             return Ok(d.clone());
         }
-        let s = &cfg.settings;
-        let (issuer, resource, scopes) = match &s.authorization_server {
-            Some(issuer) => (issuer.clone(), None, Vec::new()),
-            None => {
-                let rm = authz::resource_metadata(&self.http, server, &cfg.url).await?;
-                let Some(issuer) = rm.authorization_servers.first().cloned() else {
-                    return Err(Error::authorization(
-                        server,
-                        "its protected resource metadata names no authorization server",
-                        false,
-                    ));
-                };
-                (issuer, Some(rm.resource), rm.scopes_supported)
-            }
-        };
-        let meta = authz::auth_server_metadata(&self.http, server, &issuer).await?;
-        let found = Discovered {
-            meta,
-            resource: s.resource.clone().or(resource).unwrap_or_else(|| cfg.url.to_string()),
-            scopes: if s.scopes.is_empty() { scopes } else { s.scopes.clone() },
-        };
+        let found = discovery::discover(&self.http, server, cfg).await?;
         self.discovered.lock().unwrap_or_else(|e| e.into_inner()).insert(server.to_owned(), found.clone());
         Ok(found)
     }
@@ -581,12 +551,13 @@ mod tests {
             scopes: vec!["mcp".into()],
             authorization_server: None,
             resource: None,
+            token_endpoint: None,
         };
         let f = OAuthFlows::new(
             HashMap::from([("s".to_owned(), OAuthServer { url: url.clone(), settings })]),
             Arc::new(MemoryTokenStore::default()),
         );
-        let meta = AuthServerMetadata {
+        let meta = authz::AuthServerMetadata {
             issuer: "http://127.0.0.1:2".into(),
             authorization_endpoint: Some(Url::parse("http://127.0.0.1:2/auth").unwrap()),
             token_endpoint: Url::parse("http://127.0.0.1:2/token").unwrap(),

@@ -26,6 +26,7 @@ mod latency;
 mod memory;
 mod messages;
 mod oauth;
+mod oauth_trust;
 mod per_user;
 mod policy;
 mod protocol;

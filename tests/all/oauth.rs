@@ -290,6 +290,7 @@ pub fn oauth_settings() -> OAuthSettings {
         scopes: Vec::new(),
         authorization_server: None,
         resource: None,
+        token_endpoint: None,
     }
 }
 
