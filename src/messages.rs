@@ -52,27 +52,15 @@ impl CacheBreakpoints {
     /// Counts what `tools`, `system` (blocks of ours not counted) and
     /// `messages` of a Messages body use, each given as parsed JSON.
     pub fn of_parts(tools: Option<&Value>, system: Option<&Value>, messages: Option<&Value>, top: bool) -> Self {
-        fn marks(v: &Value) -> Option<&Value> {
-            v.get("cache_control").filter(|c| c.is_object())
+        // The rules are read one item at a time (`crate::breakpoints`), the same for a parsed body as for the
+        // text the proxy relays.
+        let mut tally = crate::breakpoints::Tally::new(top);
+        tools.and_then(Value::as_array).into_iter().flatten().for_each(|t| tally.tool(t));
+        for b in system.and_then(Value::as_array).into_iter().flatten() {
+            tally.system_block(b);
         }
-        let mut count = usize::from(top);
-        let mut one_hour_after_system = false;
-        for t in tools.and_then(Value::as_array).into_iter().flatten() {
-            count += usize::from(marks(t).is_some());
-        }
-        for b in system.and_then(Value::as_array).into_iter().flatten().filter(|b| !is_context_block_json(b)) {
-            count += usize::from(marks(b).is_some());
-        }
-        for m in messages.and_then(Value::as_array).into_iter().flatten() {
-            for b in m.get("content").and_then(Value::as_array).into_iter().flatten() {
-                let inner = b.get("content").and_then(Value::as_array).into_iter().flatten();
-                for c in std::iter::once(b).chain(inner).filter_map(marks) {
-                    count += 1;
-                    one_hour_after_system |= c.get("ttl").and_then(Value::as_str) == Some("1h");
-                }
-            }
-        }
-        Self { count, one_hour_after_system }
+        messages.and_then(Value::as_array).into_iter().flatten().for_each(|m| tally.message(m));
+        tally.finish()
     }
 
     /// [`CacheBreakpoints::of_parts`] of a whole body.
