@@ -56,16 +56,6 @@ pub struct CacheBreakpoints {
     pub one_hour_after_system: bool,
 }
 
-/// A `cache_control` of `v`, when it has one (an object; anything else is not a breakpoint).
-fn marks(v: &Value) -> Option<&Value> {
-    v.get("cache_control").filter(|c| c.is_object())
-}
-
-/// Whether a breakpoint asks for one hour (`"1h"`, the only TTL longer than the default 5 minutes).
-fn one_hour(c: &Value) -> bool {
-    c.get("ttl").and_then(Value::as_str) == Some("1h")
-}
-
 impl CacheBreakpoints {
     /// Counts what `tools`, `system` (blocks of ours not counted) and
     /// `messages` of a Messages body use, each given as parsed JSON, and
@@ -80,40 +70,15 @@ impl CacheBreakpoints {
         messages: Option<&Value>,
         top: Option<&Value>,
     ) -> Self {
-        let top = top.filter(|c| c.is_object());
-        let mut out = Self { count: usize::from(top.is_some()), one_hour_after_system: top.is_some_and(one_hour) };
-        for t in tools.and_then(Value::as_array).into_iter().flatten() {
-            out.count += usize::from(marks(t).is_some());
+        // The rules are read one item at a time (`crate::breakpoints`), the same for a parsed body as for the
+        // text the proxy relays.
+        let mut tally = crate::breakpoints::Tally::new(top.and_then(crate::breakpoints::mark));
+        tools.and_then(Value::as_array).into_iter().flatten().for_each(|t| tally.tool(t));
+        for b in system.and_then(Value::as_array).into_iter().flatten() {
+            tally.system_block(b);
         }
-        for b in system.and_then(Value::as_array).into_iter().flatten().filter(|b| !is_context_block_json(b)) {
-            out.count += usize::from(marks(b).is_some());
-        }
-        for m in messages.and_then(Value::as_array).into_iter().flatten() {
-            for b in m.get("content").and_then(Value::as_array).into_iter().flatten() {
-                out.walk_block(b, 0);
-            }
-        }
-        out
-    }
-
-    /// One content block of `messages` and the blocks it holds: a
-    /// `content` list (`tool_result`, `search_result`, and any other block
-    /// that nests blocks) and a `document`'s `source.content` list. Depth is
-    /// bounded (the API nests two or three levels; a body nesting deeper
-    /// is refused upstream anyway) so a hostile body cannot recurse us away.
-    fn walk_block(&mut self, b: &Value, depth: usize) {
-        if let Some(c) = marks(b) {
-            self.count += 1;
-            self.one_hour_after_system |= one_hour(c);
-        }
-        if depth >= 8 {
-            return;
-        }
-        let nested = b.get("content").and_then(Value::as_array).into_iter().flatten();
-        let in_source = b.get("source").and_then(|s| s.get("content")).and_then(Value::as_array).into_iter().flatten();
-        for inner in nested.chain(in_source) {
-            self.walk_block(inner, depth + 1);
-        }
+        messages.and_then(Value::as_array).into_iter().flatten().for_each(|m| tally.message(m));
+        tally.finish()
     }
 
     /// [`CacheBreakpoints::of_parts`] of a whole body.

@@ -33,6 +33,7 @@ mod query;
 mod rank;
 mod render;
 mod terms;
+mod turns;
 
 /// The tokenizer every composition counts with.
 pub use crate::tokenize::{TokenCache, Tokenizer};
@@ -49,6 +50,7 @@ pub use query::{EARLIER_TURN_WEIGHT, EARLIER_TURNS, MAX_QUERY_BYTES, Query};
 #[cfg(feature = "redis")]
 pub(crate) use render::render_head_into;
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
+pub(crate) use turns::{MaybeStr, UserTurns, not_a_map};
 
 /// Priority given to resources that carry none.
 pub const DEFAULT_PRIORITY: f32 = 0.5;

@@ -13,7 +13,8 @@
 //! of CPU per MB of query text, and a caller could send megabytes; the end of
 //! a conversation is what it asks now.
 //!
-//! Imports the term analysis ([`super::terms`]) only.
+//! Imports the term analysis ([`super::terms`]) and the one-pass reading of
+//! message lists ([`super::turns`]) only.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -77,12 +78,22 @@ impl Query {
     /// [`Query::from_chat`] on a Chat Completions or Responses body held as
     /// generic JSON (what `serve` relays): the same turns, the same weights.
     pub fn from_chat_json(body: &serde_json::Value) -> Option<Query> {
-        Self::from_user_turns(user_texts_json(body))
+        let items = match (body.get("messages"), body.get("input")) {
+            (Some(serde_json::Value::Array(m)), _) => m,
+            (_, Some(serde_json::Value::String(s))) => {
+                return Self::from_user_turns(std::iter::once(Cow::Borrowed(s.as_str())));
+            }
+            (_, Some(serde_json::Value::Array(i))) => i,
+            _ => return None,
+        };
+        let mut turns = super::turns::UserTurns::default();
+        items.iter().for_each(|m| turns.push(m));
+        turns.query()
     }
 
     /// The one weighting of user turns, given newest first, and the one
     /// cap on their text ([`MAX_QUERY_BYTES`], from the end).
-    fn from_user_turns<'a>(newest_first: impl Iterator<Item = Cow<'a, str>>) -> Option<Query> {
+    pub(super) fn from_user_turns<'a>(newest_first: impl Iterator<Item = Cow<'a, str>>) -> Option<Query> {
         let mut left = MAX_QUERY_BYTES;
         let turns: Vec<(String, f32)> = newest_first
             .filter(|t| !t.trim().is_empty())
@@ -121,7 +132,9 @@ impl Query {
 
 /// The user texts of a Chat Completions (`messages`) or Responses (`input`)
 /// body, newest first, blank ones skipped; borrowed where a text is one
-/// string (a query keeps only the end of a long one).
+/// string (a query keeps only the end of a long one). The rules of
+/// [`super::turns`] written on parsed values: the tests' reference.
+#[cfg(test)]
 pub(crate) fn user_texts_json(body: &serde_json::Value) -> Box<dyn Iterator<Item = Cow<'_, str>> + '_> {
     fn text_of(content: &serde_json::Value) -> Option<Cow<'_, str>> {
         match content {
@@ -156,7 +169,7 @@ pub(crate) fn user_texts_json(body: &serde_json::Value) -> Box<dyn Iterator<Item
 }
 
 /// The last `max` bytes of `text` at most, starting on a character boundary.
-fn tail(text: &str, max: usize) -> &str {
+pub(super) fn tail(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
     }

@@ -64,8 +64,8 @@ use self::env::Expander;
 pub use self::jwt::JwtConfig;
 use self::serve::RawServe;
 pub use self::serve::{
-    AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_UPSTREAM, KeyDigest,
-    PassthroughRule, ServeSettings, UpstreamUser,
+    AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_FIELDS,
+    DEFAULT_UPSTREAM, KeyDigest, PassthroughRule, ServeSettings, UpstreamUser,
 };
 use self::servers::RawServer;
 pub use self::servers::{Protocol, ServerConfig, Transport};

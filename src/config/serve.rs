@@ -31,6 +31,7 @@ pub(super) struct RawServe {
     user_from_body: bool,
     anonymous_user: Option<String>,
     max_body_bytes: Option<usize>,
+    max_body_fields: Option<usize>,
     upstream_timeout_ms: Option<u64>,
     shutdown_grace_ms: Option<u64>,
     max_concurrent_upstream: Option<usize>,
@@ -77,6 +78,8 @@ pub const DEFAULT_UPSTREAM: &str = "https://api.openai.com/v1";
 pub const DEFAULT_ANTHROPIC_UPSTREAM: &str = "https://api.anthropic.com/v1";
 /// Default `serve.max_body_bytes` (10 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 10 << 20;
+/// Default `serve.max_body_fields`: an API request has a few dozen.
+pub const DEFAULT_MAX_BODY_FIELDS: usize = 256;
 
 /// What the upstream is told of the caller in the body's `user` and
 /// `safety_identifier` (`serve.upstream_user`), when the caller sent them:
@@ -175,6 +178,12 @@ pub struct ServeSettings {
     pub anonymous_user: Option<String>,
     /// Larger request bodies get 413.
     pub max_body_bytes: usize,
+    /// Top-level fields a JSON request body may have (default
+    /// [`DEFAULT_MAX_BODY_FIELDS`]); more get 400 `too_many_fields`. The
+    /// proxy keeps a few words per field beside the body (the values are
+    /// read in place, and `messages`, `input` and `system` one item at a
+    /// time), so this bounds what a body costs once parsed: about its size.
+    pub max_body_fields: usize,
     /// Longest wait for the upstream's response headers (and between two
     /// chunks of its body) before 504.
     pub upstream_timeout: Duration,
@@ -261,6 +270,7 @@ impl Default for ServeSettings {
             user_from_body: false,
             anonymous_user: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_body_fields: DEFAULT_MAX_BODY_FIELDS,
             upstream_timeout: Duration::from_millis(600_000),
             shutdown_grace: Duration::from_millis(10_000),
             max_concurrent_upstream: 512,
@@ -528,6 +538,8 @@ pub(super) fn settings(
         user_from_body: raw.user_from_body,
         anonymous_user: raw.anonymous_user,
         max_body_bytes,
+        max_body_fields: nonzero("max_body_fields", raw.max_body_fields.map(|v| v as u64), d.max_body_fields as u64)
+            as usize,
         upstream_timeout: Duration::from_millis(nonzero(
             "upstream_timeout_ms",
             raw.upstream_timeout_ms,

@@ -165,6 +165,7 @@ mod loading {
             ("serve:\n  upstream: ftp://x\n", ":2", "http://"),
             ("serve:\n  user_header: \"a b\"\n", ":2", "not an HTTP header name"),
             ("serve:\n  max_body_bytes: 0\n", ":2", "at least 1"),
+            ("serve:\n  max_body_fields: 0\n", ":2", "serve.max_body_fields must be at least 1"),
             ("serve:\n  keys_file: nope.yaml\n", "nope.yaml", "cannot read serve.keys_file"),
             (
                 "serve:\n  keys:\n    - { sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, user: \"a\\nb\" }\n",

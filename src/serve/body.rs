@@ -18,6 +18,7 @@
 //! known). The layer would count the same bytes a second time and answer
 //! with a bare 413 of its own shape.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,36 +119,84 @@ fn busy(total: usize) -> ApiError {
     )
 }
 
-/// A JSON object's fields in the order sent, each value exactly as sent.
+/// A JSON object's fields in the order sent, each value exactly as sent:
+/// borrowed from the body's bytes, never copied (a value the proxy replaces
+/// is its own). What the object costs beyond the body is a few words per
+/// field, and the fields are at most `serve.max_body_fields`.
 #[derive(Debug)]
-pub(super) struct JsonObject {
-    fields: Vec<(String, Box<RawValue>)>,
+pub(super) struct JsonObject<'a> {
+    body: &'a Bytes,
+    fields: Vec<(Cow<'a, str>, Field<'a>)>,
 }
 
-impl JsonObject {
-    /// Parses a body that must be one JSON object with no key twice.
-    pub(super) fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        let fields = de.deserialize_map(FieldsVisitor).map_err(|e| {
+/// A field's value: the caller's text, or ours.
+#[derive(Debug)]
+enum Field<'a> {
+    Sent(&'a RawValue),
+    Ours(Box<RawValue>),
+}
+
+impl Field<'_> {
+    fn raw(&self) -> &RawValue {
+        match self {
+            Field::Sent(v) => v,
+            Field::Ours(v) => v,
+        }
+    }
+}
+
+/// Sent values at least this long go upstream as slices of the body
+/// itself; shorter ones are copied (a slice costs more than a few bytes).
+const SHARE_FROM: usize = 1024;
+
+impl<'a> JsonObject<'a> {
+    /// Parses a body that must be one JSON object with no key twice and at
+    /// most `max_fields` fields (`serve.max_body_fields`).
+    pub(super) fn parse(body: &'a Bytes, max_fields: usize) -> Result<Self, ApiError> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let fields = de.deserialize_map(FieldsVisitor { max: max_fields }).map_err(|e| {
             let text = e.to_string();
             if text.contains("duplicate key") {
                 ApiError::bad_request("duplicate_key", format!("The request body is refused: {text}"))
+            } else if text.starts_with(TOO_MANY_FIELDS) {
+                ApiError::bad_request(
+                    "too_many_fields",
+                    format!(
+                        "The request body has more than {max_fields} top-level fields (serve.max_body_fields); \
+                         send the API's fields only"
+                    ),
+                )
             } else {
                 ApiError::bad_request("invalid_json", format!("The request body is not a JSON object: {text}"))
             }
         })?;
         de.end()
             .map_err(|e| ApiError::bad_request("invalid_json", format!("The request body is not valid JSON: {e}")))?;
-        Ok(Self { fields })
+        Ok(Self { body, fields })
     }
 
     /// The raw value of a field.
     pub(super) fn get(&self, key: &str) -> Option<&RawValue> {
-        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| &**v)
+        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.raw())
+    }
+
+    /// The raw value of a field as the caller sent it (borrowed from the
+    /// body, so its items can be too); `None` when absent or replaced.
+    pub(super) fn sent(&self, key: &str) -> Option<&'a RawValue> {
+        self.fields.iter().find(|(k, _)| k == key).and_then(|(_, v)| match v {
+            Field::Sent(v) => Some(*v),
+            Field::Ours(_) => None,
+        })
+    }
+
+    /// A piece of the body's text (a sent value, or a run of its items) as
+    /// bytes shared with the body.
+    pub(super) fn share(&self, text: &'a str) -> Bytes {
+        self.body.slice_ref(text.as_bytes())
     }
 
     /// A field parsed as `T`; `None` when absent, an error naming the field when malformed.
-    pub(super) fn parse_field<'a, T: serde::Deserialize<'a>>(&'a self, key: &str) -> Result<Option<T>, ApiError> {
+    pub(super) fn parse_field<'b, T: serde::Deserialize<'b>>(&'b self, key: &str) -> Result<Option<T>, ApiError> {
         self.get(key)
             .map(|v| {
                 serde_json::from_str(v.get()).map_err(|e| {
@@ -165,8 +214,8 @@ impl JsonObject {
     /// Replaces a field's value where it stands, or appends it.
     pub(super) fn set(&mut self, key: &str, value: Box<RawValue>) {
         match self.fields.iter_mut().find(|(k, _)| k == key) {
-            Some((_, v)) => *v = value,
-            None => self.fields.push((key.to_owned(), value)),
+            Some((_, v)) => *v = Field::Ours(value),
+            None => self.fields.push((Cow::Owned(key.to_owned()), Field::Ours(value))),
         }
     }
 
@@ -174,24 +223,25 @@ impl JsonObject {
         self.fields.retain(|(k, _)| k != key);
     }
 
-    /// The body to send: every field in its place, the untouched ones byte for byte.
-    pub(super) fn to_vec(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.written_len());
-        self.write(None, &mut |piece| match piece {
-            Piece::Raw(b) => out.extend_from_slice(b),
-            Piece::Shared(b) => out.extend_from_slice(&b),
-        });
-        out
+    /// The body to send: every field in its place, the untouched ones byte
+    /// for byte (the long ones shared with the body, not copied).
+    pub(super) fn to_chunks(&self) -> Chunks {
+        self.chunks(None)
     }
 
     /// The body to send, with `key`'s field (in its place, else last) the
     /// JSON array of `items`, as chunks: a shared item (the injected
     /// message, tens of KB, the same bytes for every request of a
-    /// composition) is not copied at all, the rest is copied once.
-    pub(super) fn to_chunks_with(&self, key: &str, items: Vec<Item<'_>>) -> Chunks {
+    /// composition; a run of the caller's items, a slice of the body) is
+    /// not copied at all, the rest is copied once.
+    pub(super) fn to_chunks_with(&self, key: &str, items: Vec<Item>) -> Chunks {
+        self.chunks(Some((key, items)))
+    }
+
+    fn chunks(&self, array: Option<(&str, Vec<Item>)>) -> Chunks {
         let mut chunks = Vec::with_capacity(3);
-        let mut cur: Vec<u8> = Vec::with_capacity(self.written_len());
-        self.write(Some((key, items)), &mut |piece| match piece {
+        let mut cur: Vec<u8> = Vec::with_capacity(self.copied_len());
+        self.write(array, &mut |piece| match piece {
             Piece::Raw(b) => cur.extend_from_slice(b),
             Piece::Shared(b) => {
                 chunks.push(Bytes::from(std::mem::take(&mut cur)));
@@ -202,17 +252,28 @@ impl JsonObject {
         Chunks::new(chunks)
     }
 
-    /// About the bytes the fields take written out (keys, values, quotes, colon and comma; the braces).
-    fn written_len(&self) -> usize {
-        self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>() + 2
+    /// The body to send as one piece (tests).
+    #[cfg(test)]
+    pub(super) fn to_vec(&self) -> Vec<u8> {
+        self.to_chunks().concat()
+    }
+
+    /// About the bytes the fields take written out that are copied (keys,
+    /// short values, quotes, colon and comma; the braces).
+    fn copied_len(&self) -> usize {
+        let value = |v: &Field<'_>| match v {
+            Field::Sent(v) if v.get().len() >= SHARE_FROM => 0,
+            v => v.raw().get().len(),
+        };
+        self.fields.iter().map(|(k, v)| k.len() + value(v) + 4).sum::<usize>() + 2
     }
 
     /// Writes the object, `array`'s field the JSON array of its items.
-    fn write(&self, array: Option<(&str, Vec<Item<'_>>)>, out: &mut impl FnMut(Piece<'_>)) {
+    fn write(&self, array: Option<(&str, Vec<Item>)>, out: &mut impl FnMut(Piece<'_>)) {
         out(Piece::Raw(b"{"));
         let placed = array.as_ref().is_some_and(|(key, ..)| self.fields.iter().any(|(k, _)| k == key));
         let last = array.as_ref().filter(|_| !placed).map(|(k, ..)| (*k, None));
-        let fields = self.fields.iter().map(|(k, v)| (k.as_str(), Some(&**v))).chain(last);
+        let fields = self.fields.iter().map(|(k, v)| (k.as_ref(), Some(v))).chain(last);
         let mut array = array;
         for (i, (k, v)) in fields.enumerate() {
             if i > 0 {
@@ -235,23 +296,91 @@ impl JsonObject {
                             out(Piece::Raw(b","));
                         }
                         match item {
-                            Item::Raw(v) => out(Piece::Raw(v.get().as_bytes())),
                             Item::Shared(b) => out(Piece::Shared(b)),
+                            Item::TextBlock(b) => {
+                                out(Piece::Raw(br#"{"type":"text","text":"#));
+                                out(Piece::Shared(b));
+                                out(Piece::Raw(b"}"));
+                            }
                         }
                     }
                     out(Piece::Raw(b"]"));
                 }
-                None => out(Piece::Raw(v.map_or("null", RawValue::get).as_bytes())),
+                None => match v {
+                    Some(Field::Sent(v)) if v.get().len() >= SHARE_FROM => out(Piece::Shared(self.share(v.get()))),
+                    Some(v) => out(Piece::Raw(v.raw().get().as_bytes())),
+                    None => out(Piece::Raw(b"null")),
+                },
             }
         }
         out(Piece::Raw(b"}"));
     }
 }
 
-/// An item of an array written into a body: JSON to copy, or JSON to share.
-pub(super) enum Item<'a> {
-    Raw(&'a RawValue),
+/// The items of a JSON array held as text, each borrowed from it (the array
+/// is never built); `None` when the text is not an array.
+pub(super) fn each_item<'a>(array: &'a RawValue, mut f: impl FnMut(&'a RawValue)) -> Option<()> {
+    struct Items<F>(F);
+    impl<'de, F: FnMut(&'de RawValue)> Visitor<'de> for Items<F> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+            while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                (self.0)(item);
+            }
+            Ok(())
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(array.get());
+    de.deserialize_seq(Items(&mut f)).ok()
+}
+
+/// Contiguous runs of an array's items, as the text of each run (items and
+/// the commas between them, a slice of the array's text): the items `keep`
+/// keeps, in order. An array of any length costs one entry per run, and
+/// runs only break where an item is left out.
+pub(super) struct Runs<'a> {
+    array: &'a str,
+    runs: Vec<(usize, usize)>,
+    open: Option<(usize, usize)>,
+}
+
+impl<'a> Runs<'a> {
+    pub(super) fn new(array: &'a RawValue) -> Self {
+        Self { array: array.get(), runs: Vec::new(), open: None }
+    }
+
+    /// The next item (borrowed from the array), kept or left out.
+    pub(super) fn push(&mut self, item: &'a RawValue, keep: bool) {
+        let start = item.get().as_ptr() as usize - self.array.as_ptr() as usize;
+        let end = start + item.get().len();
+        match (keep, &mut self.open) {
+            (true, Some((_, e))) => *e = end,
+            (true, None) => self.open = Some((start, end)),
+            (false, open) => self.runs.extend(open.take()),
+        }
+    }
+
+    /// Whether every item so far was kept (nothing was left out).
+    pub(super) fn all_kept(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The runs' texts, in order.
+    pub(super) fn finish(mut self) -> impl Iterator<Item = &'a str> {
+        self.runs.extend(self.open.take());
+        let array = self.array;
+        self.runs.into_iter().map(move |(s, e)| &array[s..e])
+    }
+}
+
+/// An item of an array written into a body: JSON shared, not copied.
+pub(super) enum Item {
     Shared(Bytes),
+    /// `{"type": "text", "text": <a JSON string, shared>}`.
+    TextBlock(Bytes),
 }
 
 /// A piece of a body being written: bytes to copy, or bytes to share.
@@ -310,23 +439,35 @@ pub(super) fn raw<T: serde::Serialize + ?Sized>(value: &T) -> Box<RawValue> {
     serde_json::value::to_raw_value(value).expect("a serialisable value")
 }
 
-struct FieldsVisitor;
+/// The start of the error a body with too many fields gives.
+const TOO_MANY_FIELDS: &str = "too many fields";
+
+struct FieldsVisitor {
+    max: usize,
+}
+
+/// A key borrowed from the body unless it has escapes.
+#[derive(serde::Deserialize, PartialEq, Eq, Hash)]
+struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
 
 impl<'de> Visitor<'de> for FieldsVisitor {
-    type Value = Vec<(String, Box<RawValue>)>;
+    type Value = Vec<(Cow<'de, str>, Field<'de>)>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a JSON object")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields: Vec<(String, Box<RawValue>)> = Vec::new();
+        let mut fields: Vec<(Cow<'de, str>, Field<'de>)> = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        while let Some(k) = map.next_key::<String>()? {
+        while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
+            if fields.len() == self.max {
+                return Err(serde::de::Error::custom(TOO_MANY_FIELDS));
+            }
             if !seen.insert(k.clone()) {
                 return Err(serde::de::Error::custom(format!("duplicate key `{}`", k.escape_debug())));
             }
-            fields.push((k, map.next_value()?));
+            fields.push((k, Field::Sent(map.next_value::<&'de RawValue>()?)));
         }
         Ok(fields)
     }
@@ -339,7 +480,8 @@ mod tests {
     #[test]
     fn untouched_fields_go_out_byte_for_byte_in_order() {
         let text = r#"{"z":123456789012345678901234567890,"a":1.0,"m":[1,2],"instructions":{"x":1e400}}"#;
-        let mut o = JsonObject::parse(text.as_bytes()).unwrap();
+        let body = Bytes::from_static(text.as_bytes());
+        let mut o = JsonObject::parse(&body, 64).unwrap();
         assert_eq!(String::from_utf8(o.to_vec()).unwrap(), text);
         o.set("m", raw(&["ours"]));
         o.remove("a");
@@ -355,27 +497,35 @@ mod tests {
         let shared = Bytes::copy_from_slice(ours.get().as_bytes());
         let turn = raw(&serde_json::json!({"role": "user", "content": "hi"}));
         let sent = |o: &JsonObject, first: Option<Bytes>, rest: &[&RawValue]| {
-            let items = first.map(Item::Shared).into_iter().chain(rest.iter().map(|r| Item::Raw(r))).collect();
+            let items = first.into_iter().chain(rest.iter().map(|r| Bytes::copy_from_slice(r.get().as_bytes())));
+            let items = items.map(Item::Shared).collect();
             let chunks = o.to_chunks_with("messages", items);
             let body = chunks.concat();
             assert_eq!(hyper::body::Body::size_hint(&chunks).exact(), Some(body.len() as u64));
             String::from_utf8(body).unwrap()
         };
-        let o = JsonObject::parse(br#"{"model":"m","messages":[{"role":"user","content":"old"}],"n":1}"#).unwrap();
-        let chunks = o.to_chunks_with("messages", vec![Item::Raw(&turn), Item::Shared(shared.clone())]);
+        let b = Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"old"}],"n":1}"#);
+        let o = JsonObject::parse(&b, 64).unwrap();
+        let chunks = o.to_chunks_with(
+            "messages",
+            vec![Item::Shared(Bytes::copy_from_slice(turn.get().as_bytes())), Item::Shared(shared.clone())],
+        );
         // The shared message is the very same bytes, not a copy.
         assert!(chunks.chunks.iter().any(|c| c.as_ptr() == shared.as_ptr() && c.len() == shared.len()));
         let last = format!(r#"{{"model":"m","messages":[{},{}],"n":1}}"#, turn.get(), ours.get());
         assert_eq!(String::from_utf8(chunks.concat()).unwrap(), last);
         let want = format!(r#"{{"model":"m","messages":[{},{}],"n":1}}"#, ours.get(), turn.get());
         assert_eq!(sent(&o, Some(shared.clone()), &[&turn]), want);
-        let o = JsonObject::parse(br#"{"model":"m"}"#).unwrap();
+        let b = Bytes::from_static(br#"{"model":"m"}"#);
+        let o = JsonObject::parse(&b, 64).unwrap();
         assert_eq!(sent(&o, Some(shared.clone()), &[]), format!(r#"{{"model":"m","messages":[{}]}}"#, ours.get()));
         assert_eq!(sent(&o, None, &[&turn, &turn]), format!(r#"{{"model":"m","messages":[{0},{0}]}}"#, turn.get()));
-        let o = JsonObject::parse(b"{}").unwrap();
+        let b = Bytes::from_static(b"{}");
+        let o = JsonObject::parse(&b, 64).unwrap();
         assert_eq!(sent(&o, None, &[]), r#"{"messages":[]}"#);
         // A key that needs escaping is written escaped.
-        let o = JsonObject::parse(br#"{"a\"b":1}"#).unwrap();
+        let b = Bytes::from_static(br#"{"a\"b":1}"#);
+        let o = JsonObject::parse(&b, 64).unwrap();
         assert_eq!(sent(&o, None, &[]), r#"{"a\"b":1,"messages":[]}"#);
         assert_eq!(String::from_utf8(o.to_vec()).unwrap(), r#"{"a\"b":1}"#);
         let parsed: serde_json::Value = serde_json::from_str(&want).unwrap();
@@ -385,11 +535,52 @@ mod tests {
     #[test]
     fn a_key_twice_or_no_object_is_refused() {
         for bad in [r#"{"messages":[],"messages":[]}"#, r#"{"user":"a","us\u0065r":"b"}"#] {
-            assert_eq!(JsonObject::parse(bad.as_bytes()).unwrap_err().code, "duplicate_key", "{bad}");
+            assert_eq!(
+                JsonObject::parse(&Bytes::from_static(bad.as_bytes()), 64).unwrap_err().code,
+                "duplicate_key",
+                "{bad}"
+            );
         }
         for bad in ["[1]", "{", r#"{"a":1} x"#, "\"s\""] {
-            assert_eq!(JsonObject::parse(bad.as_bytes()).unwrap_err().code, "invalid_json", "{bad}");
+            assert_eq!(
+                JsonObject::parse(&Bytes::from_static(bad.as_bytes()), 64).unwrap_err().code,
+                "invalid_json",
+                "{bad}"
+            );
         }
+    }
+
+    #[test]
+    fn more_fields_than_the_limit_are_refused_and_long_values_are_shared_not_copied() {
+        let b = Bytes::from_static(br#"{"a":1,"b":2,"c":3}"#);
+        assert!(JsonObject::parse(&b, 3).is_ok());
+        let e = JsonObject::parse(&b, 2).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.code), (400, "too_many_fields"));
+        assert!(e.message.contains("serve.max_body_fields"), "{}", e.message);
+        let text = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#, "x".repeat(5000));
+        let body = Bytes::from(text.clone());
+        let o = JsonObject::parse(&body, 8).unwrap();
+        let chunks = o.to_chunks();
+        assert_eq!(chunks.concat(), text.as_bytes());
+        let messages = o.sent("messages").unwrap().get();
+        assert!(
+            chunks.chunks.iter().any(|c| c.as_ptr() == messages.as_ptr()),
+            "the long value is the body's own bytes"
+        );
+    }
+
+    #[test]
+    fn runs_are_the_kept_items_text_between_the_left_out_ones() {
+        let b = Bytes::from_static(b"{\"m\":[ 1 , 2,3 ,\n4,5 ]}");
+        let o = JsonObject::parse(&b, 8).unwrap();
+        let array = o.sent("m").unwrap();
+        let mut runs = Runs::new(array);
+        each_item(array, |item| runs.push(item, item.get() != "3")).unwrap();
+        assert!(!runs.all_kept());
+        assert_eq!(runs.finish().collect::<Vec<_>>(), ["1 , 2", "4,5"]);
+        assert!(each_item(o.get("m").unwrap(), |_| ()).is_some());
+        let b = Bytes::from_static(br#"{"m":{"a":1}}"#);
+        assert!(each_item(JsonObject::parse(&b, 8).unwrap().get("m").unwrap(), |_| ()).is_none());
     }
 
     #[tokio::test]

@@ -130,7 +130,7 @@ pub(super) async fn verified(
 }
 
 /// Step 3 then 4: the body's `user` / `safety_identifier` (validated), else `anonymous_user`.
-pub(super) fn from_body(s: &ServeSettings, body: Option<&super::body::JsonObject>) -> Result<Identity, ApiError> {
+pub(super) fn from_body(s: &ServeSettings, body: Option<&super::body::JsonObject<'_>>) -> Result<Identity, ApiError> {
     if let Some(body) = body {
         for k in ["user", "safety_identifier"] {
             if let Some(u) = body.str_field(k) {
@@ -228,7 +228,8 @@ mod tests {
         match from_headers(s, h)? {
             FromHeaders::User(who) => Ok(who.user),
             FromHeaders::Body => {
-                let body = body.map(|b| super::super::body::JsonObject::parse(b.to_string().as_bytes()).unwrap());
+                let bytes = body.map(|b| axum::body::Bytes::from(b.to_string()));
+                let body = bytes.as_ref().map(|b| super::super::body::JsonObject::parse(b, 64).unwrap());
                 from_body(s, body.as_ref()).map(|who| who.user)
             }
         }

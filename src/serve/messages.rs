@@ -10,21 +10,25 @@
 //!
 //! The body is held as raw fields ([`JsonObject`]): only `system` changes,
 //! and in it the caller's own blocks keep their bytes; a `system` string
-//! becomes `[{"type": "text", "text": <the same string>}, ours]`.
+//! becomes `[{"type": "text", "text": <the same string>}, ours]`. The lists
+//! the proxy reads (`messages`, `system`, `tools`) are read one item at a
+//! time where they lie in the body, never built, and what goes upstream is
+//! made of slices of the body: a body costs about its own size.
 
 use std::time::Instant;
 
-use crate::messages::{CacheBreakpoints, context_block_form, context_block_json, is_context_block_json};
+use crate::breakpoints::Tally;
+use crate::compose::MaybeStr;
+use crate::inject::INSTRUCTIONS_OPEN;
+use crate::messages::{context_block_form, context_block_json};
 use crate::settings::ServeSettings;
 use crate::{ContextRequest, SelectMode};
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::Value;
-use serde_json::value::RawValue;
 
 use super::Shared;
-use super::body::{self, Item, JsonObject, raw};
+use super::body::{self, Item, JsonObject};
 use super::error::ApiError;
 use super::identity::{self, FromHeaders};
 use super::relay::{Outgoing, Upstream};
@@ -173,55 +177,66 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     }
     let user = who.user.clone();
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
-    let mut obj = JsonObject::parse(&read.bytes)?;
+    let mut obj = JsonObject::parse(&read.bytes, s.max_body_fields)?;
 
-    let messages: Value = match obj.get("messages").map(|m| serde_json::from_str::<Value>(m.get())) {
-        Some(Ok(m @ Value::Array(_))) => m,
-        _ => return Err(ApiError::bad_request("missing_messages", "The body needs a `messages` array")),
-    };
+    // `messages`, `system` and `tools` are read one item at a time, in place (never built as trees): the
+    // breakpoints they use, the user turns, and the caller's system blocks as slices of the body.
+    let missing = || ApiError::bad_request("missing_messages", "The body needs a `messages` array");
+    let messages = obj.sent("messages").filter(|m| m.get().starts_with('[')).ok_or_else(missing)?;
     let bad_system =
         || ApiError::bad_request("invalid_system", "`system` must be a string or a list of content blocks (or absent)");
+    // The top-level breakpoint marks the request's last block (after ours): its TTL binds ours.
+    let top = obj
+        .get("cache_control")
+        .and_then(|c| crate::breakpoints::mark(&mut serde_json::Deserializer::from_str(c.get())));
+    let mut tally = Tally::new(top);
+    if let Some(tools) = obj.sent("tools") {
+        let _ = body::each_item(tools, |t| tally.tool(&mut serde_json::Deserializer::from_str(t.get())));
+    }
     // The caller's own system blocks, each as sent; a string is one text block of the same string.
-    let (caller_blocks, was_string): (Vec<Box<RawValue>>, bool) = match obj.get("system") {
-        None => (Vec::new(), false),
-        Some(v) if v.get() == "null" => (Vec::new(), false),
+    let mut kept: Vec<Item> = Vec::new();
+    let (mut was_string, mut dropped) = (false, false);
+    match obj.sent("system") {
+        None => {}
+        Some(v) if v.get() == "null" => {}
         Some(v) if v.get().starts_with('"') => {
-            let empty = serde_json::from_str::<String>(v.get()).map_err(|_| bad_system())?.is_empty();
-            let block = format!(r#"{{"type":"text","text":{}}}"#, v.get());
-            let block = RawValue::from_string(block).map_err(|_| bad_system())?;
-            (if empty { Vec::new() } else { vec![block] }, true)
+            was_string = true;
+            let text = serde_json::from_str::<MaybeStr<'_>>(v.get()).map_err(|_| bad_system())?.0.unwrap_or_default();
+            if text.starts_with(INSTRUCTIONS_OPEN) {
+                dropped = true;
+            } else if !text.is_empty() {
+                kept.push(Item::TextBlock(obj.share(v.get())));
+            }
         }
-        Some(v) => (serde_json::from_str::<Vec<Box<RawValue>>>(v.get()).map_err(|_| bad_system())?, false),
-    };
-    let mut kept = Vec::with_capacity(caller_blocks.len() + 1);
-    let mut kept_values = Vec::with_capacity(caller_blocks.len());
-    let mut dropped = false;
-    for b in caller_blocks {
-        let v: Value = serde_json::from_str(b.get()).map_err(|_| bad_system())?;
-        // A block of ours (replayed history, or forged) never goes on.
-        if is_context_block_json(&v) {
-            dropped = true;
-        } else {
-            kept.push(b);
-            kept_values.push(v);
+        Some(v) => {
+            let mut runs = body::Runs::new(v);
+            body::each_item(v, |b| {
+                // A block of ours (replayed history, or forged) never goes on.
+                let ours = tally.system_block(&mut serde_json::Deserializer::from_str(b.get()));
+                runs.push(b, !ours);
+            })
+            .ok_or_else(bad_system)?;
+            dropped = !runs.all_kept();
+            kept.extend(runs.finish().map(|run| Item::Shared(obj.share(run))));
         }
     }
-    let tools: Option<Value> = obj.get("tools").and_then(|t| serde_json::from_str(t.get()).ok());
-    // The top-level breakpoint marks the request's last block (after ours): its TTL binds ours.
-    let top: Option<Value> = obj.get("cache_control").and_then(|c| serde_json::from_str(c.get()).ok());
-    let system = Value::Array(kept_values);
-    let others = CacheBreakpoints::of_parts(tools.as_ref(), Some(&system), Some(&messages), top.as_ref());
+    // Priority mode does not rank: no query, so the same user's next turn
+    // is answered from the warm memo.
+    let mut turns = (anthropic.select != SelectMode::Priority).then(crate::compose::UserTurns::default);
+    body::each_item(messages, |m| {
+        tally.message(&mut serde_json::Deserializer::from_str(m.get()));
+        if let Some(t) = &mut turns {
+            t.push_json(m.get());
+        }
+    })
+    .ok_or_else(missing)?;
+    let others = tally.finish();
+    let query = turns.and_then(|t| t.query());
 
     let started = Instant::now();
     let mut request = ContextRequest::for_user(user.clone()).with_identity(&who);
     request.model = obj.str_field("model").filter(|m| !m.is_empty());
     request.select = Some(anthropic.select);
-    // Priority mode does not rank: no query, so the same user's next turn
-    // is answered from the warm memo.
-    let query = match anthropic.select {
-        SelectMode::Priority => None,
-        _ => crate::messages::messages_query_json(&serde_json::json!({ "messages": messages })),
-    };
     let (message, report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(
@@ -238,30 +253,30 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     let ids = parts.extensions.get::<super::audit::Ids>();
     let pending = super::audit::begin(&state.ctx, ids, route, who.source, &report, message.as_ref());
     // Ours is made once per composition and breakpoint form, and goes into the body as those very bytes (as the
-    // chat message does); the caller's kept blocks are copied once.
+    // chat message does); the caller's kept blocks go as slices of the body.
     let ours = message.as_ref().map(|m| {
         let form = context_block_form(others);
         m.json_form(form, |m| serde_json::to_vec(&context_block_json(&m.content, others)).expect("JSON"))
     });
-    match &ours {
-        Some(_) => {}
-        None if was_string && !dropped => {}
-        None if kept.is_empty() => obj.remove("system"),
-        None => obj.set("system", raw(&kept)),
-    }
+    let system = match ours {
+        Some(ours) => Some(kept.into_iter().chain([Item::Shared(ours)]).collect()),
+        None if was_string && !dropped => None,
+        None if kept.is_empty() => {
+            obj.remove("system");
+            None
+        }
+        None => Some(kept),
+    };
     state.metrics.injection(&report, started.elapsed().as_secs_f64());
     if let Some(f) = &state.flows {
         f.after_refusals(&user, &report).await;
     }
     tracing::info!(report = %serde_json::to_string(&report).unwrap_or_default(), "injected");
-    let forwarded = match ours {
-        Some(ours) => {
-            let items = kept.iter().map(|b| Item::Raw(b)).chain([Item::Shared(ours)]).collect();
-            reqwest::Body::wrap(obj.to_chunks_with("system", items))
-        }
-        None => obj.to_vec().into(),
+    let forwarded = match system {
+        Some(items) => reqwest::Body::wrap(obj.to_chunks_with("system", items)),
+        None => reqwest::Body::wrap(obj.to_chunks()),
     };
-    drop((obj, kept));
+    drop(obj);
 
     let mut headers = anthropic.upstream.headers_for_upstream(&parts.headers);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));

@@ -307,7 +307,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     let (who, budgets) = caller(state, &parts.headers).await?;
     let s = &state.settings;
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
-    let mut obj = JsonObject::parse(&read.bytes)?;
+    let mut obj = JsonObject::parse(&read.bytes, s.max_body_fields)?;
     let who = match who {
         FromHeaders::User(who) => who,
         FromHeaders::Body => identity::from_body(s, Some(&obj))?,
@@ -316,35 +316,48 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         f.prepare(&who).await;
     }
     let user = who.user.clone();
-    // The turns the question is taken from, parsed once; the rest stays raw.
-    let (field, turns) = match kind {
-        Kind::Chat => match obj.get("messages").map(|m| serde_json::from_str::<Vec<Box<RawValue>>>(m.get())) {
-            Some(Ok(m)) => ("messages", m),
-            _ => return Err(ApiError::bad_request("missing_messages", "The body needs a `messages` array")),
-        },
-        Kind::Responses => match obj.get("input").filter(|i| i.get() != "null") {
-            Some(_) => ("input", Vec::new()),
+    // The turns the question is taken from, read one at a time and never
+    // built (a list of any length costs a few words per run and the query's
+    // tail); the caller's chat messages go on as runs of the body's bytes.
+    let mut turns = crate::compose::UserTurns::default();
+    let mut runs = None;
+    match kind {
+        Kind::Chat => {
+            let missing = || ApiError::bad_request("missing_messages", "The body needs a `messages` array");
+            let messages = obj.sent("messages").ok_or_else(missing)?;
+            let mut kept = body::Runs::new(messages);
+            body::each_item(messages, |m| {
+                let ours = is_ours(m);
+                if !ours {
+                    turns.push_json(m.get());
+                }
+                kept.push(m, !ours);
+            })
+            .ok_or_else(missing)?;
+            runs = Some(kept);
+        }
+        Kind::Responses => match obj.sent("input").filter(|i| i.get() != "null") {
+            Some(i) if i.get().starts_with('"') => {
+                let text = serde_json::from_str::<String>(i.get()).unwrap_or_default();
+                turns = crate::compose::UserTurns::of_text(text);
+            }
+            Some(i) => {
+                let _ = body::each_item(i, |item| turns.push_json(item.get()));
+            }
             None => return Err(ApiError::bad_request("missing_input", "The body needs an `input`")),
         },
-    };
+    }
     if kind == Kind::Responses {
         check_continuation(state, &obj, &user).await?;
     }
-    let query_body = match kind {
-        Kind::Chat => {
-            serde_json::json!({ "messages": serde_json::from_str::<serde_json::Value>(obj.get(field).expect("checked").get()).unwrap_or_default() })
-        }
-        Kind::Responses => {
-            serde_json::json!({ "input": serde_json::from_str::<serde_json::Value>(obj.get(field).expect("checked").get()).unwrap_or_default() })
-        }
-    };
 
     let started = Instant::now();
     let mut request = ContextRequest::for_user(user.clone()).with_identity(&who);
     request.model = obj.str_field("model").filter(|m| !m.is_empty());
     // Relevance mode ranks by the conversation: the latest user turn, earlier
     // ones with less weight, exactly as the library's typed `inject`.
-    let query = crate::compose::Query::from_chat_json(&query_body);
+    let query = turns.query();
+    drop(turns);
     let (message, report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(
@@ -361,13 +374,8 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     let ids = parts.extensions.get::<audit::Ids>();
     let pending = audit::begin(&state.ctx, ids, route, who.source, &report, message.as_ref());
     let content = message.as_ref().map(|m| m.content.as_str());
-    // Chat: ours first, then the caller's turns but any message of ours they carried back. Ours is made once
-    // per composition (escaping it for every request cost more than the rest of a warm request) and goes into
-    // the body as those very bytes, not copied.
-    let mut messages: Vec<&RawValue> = Vec::new();
-    match kind {
-        Kind::Chat => messages.extend(turns.iter().map(|m| &**m).filter(|m| !is_ours(m))),
-        Kind::Responses => set_instructions(&mut obj, content)?,
+    if kind == Kind::Responses {
+        set_instructions(&mut obj, content)?;
     }
     name_upstream_user(s, &mut obj, &user);
     state.metrics.injection(&report, started.elapsed().as_secs_f64());
@@ -379,16 +387,18 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         Kind::Chat => obj.get("store").is_some_and(|v| v.get() == "true"),
         Kind::Responses => obj.get("store").is_none_or(|v| v.get() != "false"),
     };
-    let forwarded = match kind {
-        Kind::Chat => {
+    // Chat: ours first, then the caller's turns but any message of ours they carried back. Ours is made once
+    // per composition (escaping it for every request cost more than the rest of a warm request) and goes into
+    // the body as those very bytes, not copied; the caller's go as slices of the body.
+    let forwarded = match runs {
+        Some(runs) => {
             let ours = message.as_ref().map(|m| body::Item::Shared(m.chat_json()));
-            let items = ours.into_iter().chain(messages.iter().map(|m| body::Item::Raw(m))).collect();
-            reqwest::Body::wrap(obj.to_chunks_with("messages", items))
+            let theirs = runs.finish().map(|run| body::Item::Shared(obj.share(run)));
+            reqwest::Body::wrap(obj.to_chunks_with("messages", ours.into_iter().chain(theirs).collect()))
         }
-        Kind::Responses => obj.to_vec().into(),
+        None => reqwest::Body::wrap(obj.to_chunks()),
     };
-    drop(messages);
-    drop((obj, turns));
+    drop(obj);
 
     let mut headers = state.upstream.headers_for_upstream(&parts.headers);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -422,23 +432,27 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     Ok(response)
 }
 
-/// Whether a raw chat message is one we injected.
+/// Whether a raw chat message is one we injected (read in place: no field
+/// of it is built but a role or name with escapes).
 fn is_ours(m: &RawValue) -> bool {
+    use crate::compose::MaybeStr;
     #[derive(serde::Deserialize)]
-    struct Peek {
-        role: Option<String>,
-        name: Option<serde_json::Value>,
+    struct Peek<'a> {
+        #[serde(borrow)]
+        role: Option<MaybeStr<'a>>,
+        #[serde(borrow)]
+        name: Option<MaybeStr<'a>>,
     }
-    serde_json::from_str::<Peek>(m.get()).is_ok_and(|p| {
-        matches!(p.role.as_deref(), Some("system" | "developer"))
-            && p.name.as_ref().and_then(|n| n.as_str()) == Some(crate::inject::MESSAGE_NAME)
+    serde_json::from_str::<Peek<'_>>(m.get()).is_ok_and(|p| {
+        matches!(p.role.and_then(|r| r.0).as_deref(), Some("system" | "developer"))
+            && p.name.and_then(|n| n.0).as_deref() == Some(crate::inject::MESSAGE_NAME)
     })
 }
 
 /// Our part of Responses `instructions`, ahead of the caller's string (or
 /// alone when the caller sent none or `null`). Instructions that are not a
 /// string cannot be merged with ours: refused rather than replaced.
-fn set_instructions(obj: &mut JsonObject, content: Option<&str>) -> Result<(), ApiError> {
+fn set_instructions(obj: &mut JsonObject<'_>, content: Option<&str>) -> Result<(), ApiError> {
     let existing = match obj.get("instructions") {
         None => None,
         Some(v) if v.get() == "null" => None,
@@ -463,7 +477,7 @@ fn set_instructions(obj: &mut JsonObject, content: Option<&str>) -> Result<(), A
 
 /// A `previous_response_id` or `conversation` that is not the caller's is
 /// refused like a missing one: otherwise the model would see its turns.
-async fn check_continuation(state: &AppState, obj: &JsonObject, user: &str) -> Result<(), ApiError> {
+async fn check_continuation(state: &AppState, obj: &JsonObject<'_>, user: &str) -> Result<(), ApiError> {
     if let Some(id) = obj.parse_field::<Option<String>>("previous_response_id")?.flatten() {
         owned(state, Stored::Response, &id, user).await?;
     }
@@ -501,7 +515,7 @@ async fn owned(state: &AppState, kind: Stored, id: &str, user: &str) -> Result<(
 
 /// The body's `user` and `safety_identifier`, when the caller sent them,
 /// become what `serve.upstream_user` says: never a name the caller chose.
-fn name_upstream_user(s: &ServeSettings, obj: &mut JsonObject, user: &str) {
+fn name_upstream_user(s: &ServeSettings, obj: &mut JsonObject<'_>, user: &str) {
     for k in ["user", "safety_identifier"] {
         if obj.get(k).is_none() {
             continue;
@@ -565,24 +579,18 @@ async fn relay_other(state: &Shared, req: Request, created: Option<Stored>) -> R
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"));
     let bytes = match (&who, is_json && !read.bytes.is_empty()) {
         (Some(user), true) => {
-            let mut obj = JsonObject::parse(&read.bytes)?;
+            let mut obj = JsonObject::parse(&read.bytes, s.max_body_fields)?;
             name_upstream_user(s, &mut obj, user);
-            obj.to_vec().into()
+            reqwest::Body::wrap(obj.to_chunks())
         }
-        _ => read.bytes.clone(),
+        _ => read.bytes.clone().into(),
     };
     let path = Canonical::parse(parts.uri.path())?;
     let segments = path.segments();
     let headers = state.upstream.headers_for_upstream(&parts.headers);
     let relayed = state
         .upstream
-        .send(Outgoing {
-            method: parts.method,
-            path: &segments[1..],
-            query: parts.uri.query(),
-            headers,
-            body: bytes.into(),
-        })
+        .send(Outgoing { method: parts.method, path: &segments[1..], query: parts.uri.query(), headers, body: bytes })
         .await?;
     drop(read);
     state.metrics.upstream("passthrough", relayed.waited.as_secs_f64());

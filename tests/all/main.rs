@@ -27,6 +27,7 @@ mod memory;
 mod messages;
 mod oauth;
 mod oauth_trust;
+mod parse_cost;
 mod per_user;
 mod policy;
 mod protocol;
