@@ -168,9 +168,10 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         // The Messages API has no `user` field: anonymous_user, else 401.
         FromHeaders::Body => identity::from_body(s, None).map_err(for_messages_callers)?,
     };
-    if let Some(f) = &state.flows {
-        f.prepare(&who).await;
-    }
+    let prepared = match &state.flows {
+        Some(f) => f.prepare(&who).await,
+        None => crate::credentials::Prepared::default(),
+    };
     let user = who.user.clone();
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
     let mut obj = JsonObject::parse(&read.bytes)?;
@@ -220,7 +221,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         SelectMode::Priority => None,
         _ => crate::messages::messages_query_json(&serde_json::json!({ "messages": messages })),
     };
-    let (message, report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
+    let (message, mut report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(
             axum::http::StatusCode::INTERNAL_SERVER_ERROR,
@@ -229,6 +230,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
             format!("The context could not be built: {e}"),
         )
     })?;
+    prepared.note(&mut report);
     let route = match endpoint {
         Endpoint::Messages => "/v1/messages",
         Endpoint::CountTokens => "/v1/messages/count_tokens",

@@ -304,9 +304,10 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         FromHeaders::User(who) => who,
         FromHeaders::Body => identity::from_body(s, Some(&obj))?,
     };
-    if let Some(f) = &state.flows {
-        f.prepare(&who).await;
-    }
+    let prepared = match &state.flows {
+        Some(f) => f.prepare(&who).await,
+        None => crate::credentials::Prepared::default(),
+    };
     let user = who.user.clone();
     // The turns the question is taken from, parsed once; the rest stays raw.
     let (field, turns) = match kind {
@@ -337,7 +338,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     // Relevance mode ranks by the conversation: the latest user turn, earlier
     // ones with less weight, exactly as the library's typed `inject`.
     let query = crate::compose::Query::from_chat_json(&query_body);
-    let (message, report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
+    let (message, mut report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -346,6 +347,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
             format!("The context could not be built: {e}"),
         )
     })?;
+    prepared.note(&mut report);
     let route = match kind {
         Kind::Chat => "/v1/chat/completions",
         Kind::Responses => "/v1/responses",
