@@ -25,6 +25,7 @@ mod latency;
 mod memory;
 mod messages;
 mod oauth;
+mod oauth_time;
 mod per_user;
 mod policy;
 mod protocol;
