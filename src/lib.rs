@@ -115,8 +115,8 @@ pub mod settings {
         DEFAULT_AUDIT_QUEUE, DEFAULT_AUDIT_SCHEMA, DEFAULT_AUDIT_TABLE,
     };
     pub use crate::config::{
-        CREDENTIALS_KEY_ENV, CredentialSettings, CredentialStoreKind, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_USERS,
-        DEFAULT_TOKENS_FILE, SecretKey,
+        CREDENTIALS_KEY_ENV, CredentialSettings, CredentialStoreKind, DEFAULT_AUTH_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS,
+        DEFAULT_MAX_USERS, DEFAULT_TOKENS_FILE, SecretKey,
     };
     pub use crate::config::{
         CacheBackend, CacheSettings, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,

@@ -298,7 +298,7 @@ pub struct Timings {
 pub struct UpstreamAuth {
     /// The server.
     pub server: String,
-    /// `connected`, `needs_authorization`, `token_expired` or `denied_by_server`.
+    /// `connected`, `needs_authorization`, `token_expired`, `denied_by_server` or `auth_timeout`.
     pub state: String,
     /// For `needs_authorization`: where to connect (serve's
     /// `/auth/{server}/start`, or the CLI command to run).

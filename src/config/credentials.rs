@@ -1,6 +1,8 @@
 //! The `credentials:` section (issue 35): where per-user upstream
 //! credentials are kept (`store`), the key that seals them (`key`), and the
-//! bounds of the per-user connections (`idle_timeout_ms`, `max_users`).
+//! bounds of the per-user connections (`idle_timeout_ms`, `max_users`),
+//! and how long a request waits for an authorization server
+//! (`auth_timeout_ms`).
 //!
 //! ```yaml
 //! credentials:
@@ -9,6 +11,7 @@
 //!   key: ${MCP_CONTEXT_CREDENTIALS_KEY}   # 32 bytes, base64 or hex
 //!   idle_timeout_ms: 600000
 //!   max_users: 1000
+//!   auth_timeout_ms: 3000
 //! ```
 //!
 //! May import the config's error helpers, `${VAR}` expansion and the
@@ -31,6 +34,8 @@ use crate::yaml::Node;
 pub const CREDENTIALS_KEY_ENV: &str = "MCP_CONTEXT_CREDENTIALS_KEY";
 /// Default `credentials.idle_timeout_ms` (10 minutes).
 pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 600_000;
+/// Default `credentials.auth_timeout_ms` (3 seconds).
+pub const DEFAULT_AUTH_TIMEOUT_MS: u64 = 3_000;
 /// Default `credentials.max_users`.
 pub const DEFAULT_MAX_USERS: usize = 1000;
 /// Default `credentials.path`, under the config's folder.
@@ -44,6 +49,7 @@ pub(super) struct RawCredentials {
     key: Option<String>,
     idle_timeout_ms: Option<u64>,
     max_users: Option<usize>,
+    auth_timeout_ms: Option<u64>,
 }
 
 /// Where per-user credentials are kept (`credentials.store`).
@@ -75,6 +81,16 @@ pub struct CredentialSettings {
     /// At most this many per-user connections are kept open; past it the
     /// least recently used is closed.
     pub max_users: usize,
+    /// Every call to an authorization server (discovery, the token
+    /// endpoint: a refresh, a token exchange, a code) is given up after
+    /// this long; and the credentials a request waits for, all its servers
+    /// together, are given up after this long or the request's own
+    /// deadline (`context.deadline_ms`, `serve.upstream_timeout_ms`),
+    /// whichever is shorter: that server is then left out of the request
+    /// (state `auth_timeout` in its report) and the refresh or exchange,
+    /// if sent, finishes in the background for the next one. Default
+    /// [`DEFAULT_AUTH_TIMEOUT_MS`].
+    pub auth_timeout: Duration,
 }
 
 /// A 32-byte key that `Debug` never shows.
@@ -127,6 +143,7 @@ impl CredentialSettings {
             key: env(CREDENTIALS_KEY_ENV).filter(|k| !k.is_empty()).and_then(|k| SecretKey::parse(&k).ok()),
             idle_timeout: Duration::from_millis(DEFAULT_IDLE_TIMEOUT_MS),
             max_users: DEFAULT_MAX_USERS,
+            auth_timeout: Duration::from_millis(DEFAULT_AUTH_TIMEOUT_MS),
         }
     }
 }
@@ -139,6 +156,7 @@ impl Default for CredentialSettings {
             key: None,
             idle_timeout: Duration::from_millis(DEFAULT_IDLE_TIMEOUT_MS),
             max_users: DEFAULT_MAX_USERS,
+            auth_timeout: Duration::from_millis(DEFAULT_AUTH_TIMEOUT_MS),
         }
     }
 }
@@ -190,6 +208,18 @@ pub(super) fn settings(
     match raw.idle_timeout_ms {
         Some(0) => errors.push(err("idle_timeout_ms", "credentials.idle_timeout_ms must be at least 1".into())),
         Some(ms) => s.idle_timeout = Duration::from_millis(ms),
+        None => {}
+    }
+    match raw.auth_timeout_ms {
+        Some(0) => errors.push(err(
+            "auth_timeout_ms",
+            "credentials.auth_timeout_ms must be at least 1 (milliseconds an authorization server may take)".into(),
+        )),
+        Some(ms) if ms > 600_000 => errors.push(err(
+            "auth_timeout_ms",
+            format!("credentials.auth_timeout_ms must be at most 600000 (10 minutes), got {ms}"),
+        )),
+        Some(ms) => s.auth_timeout = Duration::from_millis(ms),
         None => {}
     }
     match raw.max_users {

@@ -56,8 +56,8 @@ use self::cache::RawCache;
 pub use self::cache::{CacheBackend, CacheSettings, DEFAULT_KEY_PREFIX, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL};
 pub use self::context::{ContextSettings, DEFAULT_WARM_MEMO_MAX_BYTES};
 pub use self::credentials::{
-    CREDENTIALS_KEY_ENV, CredentialSettings, CredentialStoreKind, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_USERS,
-    DEFAULT_TOKENS_FILE, SecretKey,
+    CREDENTIALS_KEY_ENV, CredentialSettings, CredentialStoreKind, DEFAULT_AUTH_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS,
+    DEFAULT_MAX_USERS, DEFAULT_TOKENS_FILE, SecretKey,
 };
 use self::env::Expander;
 #[cfg(feature = "jwt")]

@@ -696,6 +696,12 @@ mod auth_block {
         assert!(e.contains(":2:10") && e.contains("memory, file, redis"), "{e}");
         let e = err("credentials:\n  max_users: 0\n");
         assert!(e.contains(":2:14"), "{e}");
+        assert_eq!(c.credentials.auth_timeout.as_millis() as u64, DEFAULT_AUTH_TIMEOUT_MS);
+        assert_eq!(load("credentials:\n  auth_timeout_ms: 250\n").unwrap().credentials.auth_timeout.as_millis(), 250);
+        for bad in ["0", "600001"] {
+            let e = err(&format!("credentials:\n  auth_timeout_ms: {bad}\n"));
+            assert!(e.contains(":2:20") && e.contains("credentials.auth_timeout_ms must be"), "{e}");
+        }
         let e = err("credentials:\n  key: ${NOPE}\n");
         assert!(e.contains("NOPE"), "{e}");
         // 64 hex digits are a key too.

@@ -52,6 +52,19 @@ pub(crate) struct ClientCredentials<'a> {
     pub(crate) method: ClientAuthMethod,
 }
 
+/// The client every call to an authorization server goes through: no
+/// redirects followed, and each call (connect, answer and body) given up
+/// after `timeout` (`credentials.auth_timeout_ms`), so that a server that
+/// accepts and never answers cannot hold anyone.
+pub(crate) fn http_client(timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .build()
+        .unwrap_or_default()
+}
+
 /// GETs `url` and parses its JSON answer (bounded).
 async fn get_json(http: &reqwest::Client, server: &str, url: &Url) -> Result<(u16, serde_json::Value)> {
     let r = http

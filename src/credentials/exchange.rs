@@ -46,7 +46,7 @@ pub struct TokenExchanger {
 
 impl Default for TokenExchanger {
     fn default() -> Self {
-        Self::new(reqwest::Client::new())
+        Self::new(authz::http_client(Duration::from_millis(crate::config::DEFAULT_AUTH_TIMEOUT_MS)))
     }
 }
 

@@ -17,9 +17,10 @@ mod exchange;
 mod flows;
 mod loopback;
 mod oauth;
+mod single_flight;
 
 pub use exchange::{TOKEN_EXCHANGE_GRANT, TokenExchanger};
-pub use flows::CredentialFlows;
+pub use flows::{CredentialFlows, Prepared};
 pub use loopback::loopback_login;
 pub use oauth::{
     AuthorizationStart, Connected, OAuthFlows, OAuthServer, PENDING_MAX, PENDING_PER_USER, PENDING_TTL, REFRESH_WINDOW,
@@ -133,11 +134,14 @@ pub enum CredentialState {
     TokenExpired,
     /// The server refused the credential (401/403 after a refresh).
     DeniedByServer,
+    /// Its authorization server did not answer in time (a refresh or a
+    /// token exchange this request needed): the server was left out.
+    AuthTimeout,
 }
 
 impl CredentialState {
     /// The state as one word: `connected`, `needs_authorization`,
-    /// `token_expired`, `denied_by_server` (the metrics label and the
+    /// `token_expired`, `denied_by_server`, `auth_timeout` (the metrics label and the
     /// `x-mcp-context-auth` value).
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -145,6 +149,7 @@ impl CredentialState {
             CredentialState::NeedsAuthorization { .. } => "needs_authorization",
             CredentialState::TokenExpired => "token_expired",
             CredentialState::DeniedByServer => "denied_by_server",
+            CredentialState::AuthTimeout => "auth_timeout",
         }
     }
 }

@@ -45,6 +45,7 @@ use url::Url;
 
 use super::authz::{self, ClientCredentials};
 use super::discovery::{self, Discovered};
+use super::single_flight::KeyedLocks;
 use super::{CredentialState, TokenSet, TokenStore};
 use crate::config::OAuthSettings;
 use crate::error::{Error, Result};
@@ -140,9 +141,8 @@ pub struct OAuthFlows {
     servers: HashMap<String, OAuthServer>,
     discovered: Mutex<HashMap<String, Discovered>>,
     pending: Mutex<HashMap<String, Pending>>,
-    /// Striped locks: one refresh at a time per (server, user), so that a
-    /// rotated refresh token is not used twice.
-    refreshing: Vec<tokio::sync::Mutex<()>>,
+    /// One refresh at a time per (server, user): a rotated refresh token is never used twice.
+    refreshing: KeyedLocks,
     refreshes: std::sync::atomic::AtomicU64,
     /// Digests of access tokens obtained by a refresh after the server
     /// refused the previous one: refused again, the user must authorize.
@@ -162,15 +162,21 @@ impl OAuthFlows {
     /// The flows of `servers` (by name), keeping tokens in `store`.
     pub fn new(servers: HashMap<String, OAuthServer>, store: Arc<dyn TokenStore>) -> Self {
         OAuthFlows {
-            http: reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap_or_default(),
+            http: authz::http_client(Duration::from_millis(crate::config::DEFAULT_AUTH_TIMEOUT_MS)),
             store,
             servers,
             discovered: Mutex::default(),
             pending: Mutex::default(),
-            refreshing: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
+            refreshing: KeyedLocks::default(),
             refreshes: std::sync::atomic::AtomicU64::new(0),
             after_refusal: Mutex::default(),
         }
+    }
+
+    /// Every call to an authorization server given up after `timeout` (`credentials.auth_timeout_ms`).
+    pub fn with_auth_timeout(mut self, timeout: Duration) -> Self {
+        self.http = authz::http_client(timeout);
+        self
     }
 
     /// Whether `server` is one of these flows' servers.
@@ -391,7 +397,7 @@ impl OAuthFlows {
         if !held.expires_within(REFRESH_WINDOW) {
             return Ok(Some(held));
         }
-        let _one = self.refreshing[stripe(server, user, self.refreshing.len())].lock().await;
+        let _one = self.refreshing.lock(server, user).await;
         // Another request may have refreshed while this one waited.
         let Some(held) = self.store.get(server, user).await? else { return Ok(None) };
         if !held.expires_within(REFRESH_WINDOW) {
@@ -431,7 +437,7 @@ impl OAuthFlows {
         if !self.servers.contains_key(server) {
             return Ok(());
         }
-        let _one = self.refreshing[stripe(server, user, self.refreshing.len())].lock().await;
+        let _one = self.refreshing.lock(server, user).await;
         let Some(held) = self.store.get(server, user).await? else { return Ok(()) };
         let digest: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(held.access_token.expose_secret()).into();
         let refreshed_before = self.after_refusal.lock().unwrap_or_else(|e| e.into_inner()).remove(&digest);
@@ -515,13 +521,6 @@ impl OAuthFlows {
 
 fn client(s: &OAuthSettings) -> ClientCredentials<'_> {
     ClientCredentials { client_id: &s.client_id, client_secret: s.client_secret.as_ref(), method: s.client_auth }
-}
-
-fn stripe(server: &str, user: &str, n: usize) -> usize {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (server, user).hash(&mut h);
-    (h.finish() % n as u64) as usize
 }
 
 fn b64(bytes: &[u8]) -> String {

@@ -5,12 +5,22 @@
 //!   by body), is sent (302) to the server's authorization endpoint. The
 //!   `state` is bound to (server, user), usable once, expires
 //!   ([`crate::credentials::PENDING_TTL`]) and is also set in an HttpOnly,
-//!   SameSite=Lax cookie scoped to the callback;
+//!   SameSite=Lax cookie scoped to the callback; when `serve.public_url`
+//!   is `https`, the cookie is `__Host-mcp_context_auth` (Secure, `Path=/`,
+//!   no `Domain`: no other host or path can set or shadow it);
 //! - `GET /auth/callback`: the state must be pending and equal to the
 //!   cookie (a forged, replayed or another browser's state is refused
-//!   before the token endpoint is called); when the request carries an
-//!   identity too, it must be the state's user. The code is exchanged and
-//!   the tokens stored for that user; a short text page says so.
+//!   before the token endpoint is called), and the caller, identified
+//!   from the headers as on every route whatever the source (a key, a
+//!   verified JWT, the gateway's user header), must be the state's user:
+//!   the check and the taking of the state are one step, so another
+//!   identified caller is refused, nothing is stored, and the state is
+//!   cancelled (its code came back to someone else: its owner could
+//!   otherwise finish it with that user's code). A callback that carries no identity at all (a browser
+//!   coming back from the authorization server sends no bearer) is bound
+//!   by the cookie alone; one whose identity is refused (an unknown key,
+//!   a bad JWT) is refused. The code is exchanged and the tokens stored
+//!   for that user; a short text page says so.
 //!
 //! The redirect URI is `{serve.public_url}/auth/callback` (default
 //! `http://{serve.listen}`). No token is logged or shown.
@@ -31,6 +41,18 @@ use crate::credentials::{OAuthFlows, PENDING_TTL};
 
 /// The cookie holding the pending `state`.
 const COOKIE: &str = "mcp_context_auth";
+/// Its name when `serve.public_url` is `https` (RFC 6265bis `__Host-`).
+const HOST_COOKIE: &str = "__Host-mcp_context_auth";
+
+/// The state cookie's name and attributes but its value and `Max-Age`:
+/// `__Host-` with `Secure; Path=/` behind `https`, else scoped to the callback.
+fn cookie_shape(state: &AppState) -> (&'static str, String) {
+    if state.settings.public_url.as_deref().is_some_and(|u| u.starts_with("https://")) {
+        (HOST_COOKIE, "HttpOnly; SameSite=Lax; Path=/; Secure".to_owned())
+    } else {
+        (COOKIE, format!("HttpOnly; SameSite=Lax; Path={}", callback_path(state)))
+    }
+}
 
 /// The path of the redirect URI (the cookie's `Path`): `/auth/callback`
 /// under `serve.public_url`'s own path, if it has one.
@@ -80,14 +102,8 @@ pub(super) async fn start(state: &AppState, req: Request, server: &str) -> Resul
         tracing::warn!(server, user, error = %e, "cannot start an authorization");
         ApiError::new(StatusCode::BAD_GATEWAY, "server_error", "authorization_unavailable", e.to_string())
     })?;
-    let secure =
-        if state.settings.public_url.as_deref().is_some_and(|u| u.starts_with("https://")) { "; Secure" } else { "" };
-    let cookie = format!(
-        "{COOKIE}={}; HttpOnly; SameSite=Lax; Path={}; Max-Age={}{secure}",
-        started.state,
-        callback_path(state),
-        PENDING_TTL.as_secs()
-    );
+    let (name, attributes) = cookie_shape(state);
+    let cookie = format!("{name}={}; {attributes}; Max-Age={}", started.state, PENDING_TTL.as_secs());
     let mut r = StatusCode::FOUND.into_response();
     let h = r.headers_mut();
     h.insert(header::LOCATION, HeaderValue::from_str(&started.url).map_err(|_| bad("the authorization URL"))?);
@@ -119,21 +135,22 @@ pub(super) async fn callback(state: &AppState, req: Request) -> Result<Response,
     };
     let refuse = |why: &str| page(StatusCode::BAD_REQUEST, &format!("Not connected: {why}. Start again."));
     let Some(st) = param("state") else { return Ok(refuse("the answer has no state")) };
-    let cookie = cookie(req.headers());
+    let (name, attributes) = cookie_shape(state);
+    let cookie = cookie(req.headers(), name);
     if !cookie.is_some_and(|c| bool::from(c.as_bytes().ct_eq(st.as_bytes()))) {
         tracing::warn!("authorization callback refused: its state is not this browser's");
         return Ok(refuse("this browser did not start this authorization"));
     }
-    // A caller identified on the callback too must be the state's user.
-    if req.headers().contains_key(header::AUTHORIZATION) {
-        let (who, _) = caller(state, req.headers()).await?;
-        let pending = flows.pending_user(st).await;
-        if let (FromHeaders::User(id), Some((_, user))) = (&who, &pending)
-            && id.user != *user
-        {
-            tracing::warn!("authorization callback refused: another user's state");
-            return Ok(refuse("this authorization was started by someone else"));
-        }
+    // The caller, however identified, must be the state's user; `finish` checks it again as it takes the state.
+    let me = identified(state, req.headers()).await?;
+    if let (Some(me), Some((_, owner))) = (&me, flows.pending_user(st).await)
+        && *me != owner
+    {
+        // Its code came back to someone else: nobody may use it any more, its owner included (who could
+        // otherwise finish it with the other user's code and hold their tokens).
+        flows.abandon(st).await;
+        tracing::warn!("authorization callback refused: another user's state (cancelled)");
+        return Ok(refuse("this authorization was started by someone else; it is cancelled"));
     }
     if let Some(e) = param("error") {
         // The state is consumed: an answer without a code cannot finish it later.
@@ -142,13 +159,13 @@ pub(super) async fn callback(state: &AppState, req: Request) -> Result<Response,
         return Ok(refuse(&format!("the authorization server said `{e}`")));
     }
     let Some(code) = param("code") else { return Ok(refuse("the answer has no code")) };
-    match flows.finish(st, code, param("iss"), None).await {
+    match flows.finish(st, code, param("iss"), me.as_deref()).await {
         Ok(done) => {
             let mut r = page(
                 StatusCode::OK,
                 &format!("Connected: {} can now use `{}`. You can close this page.", done.user, done.server),
             );
-            let clear = format!("{COOKIE}=; HttpOnly; SameSite=Lax; Path={}; Max-Age=0", callback_path(state));
+            let clear = format!("{name}=; {attributes}; Max-Age=0");
             r.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&clear).map_err(|_| bad("the cookie"))?);
             Ok(r)
         }
@@ -159,14 +176,31 @@ pub(super) async fn callback(state: &AppState, req: Request) -> Result<Response,
     }
 }
 
-fn cookie(headers: &HeaderMap) -> Option<&str> {
+/// The callback's caller as the headers identify them (a key, a verified
+/// JWT, the gateway's user header); `None` when they carry no identity
+/// (nor does `anonymous_user` or the body count as one).
+///
+/// # Errors
+/// The route's 401/400 when they carry one that is refused.
+async fn identified(state: &AppState, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let user_header = state.settings.user_header.as_deref().is_some_and(|h| headers.contains_key(h));
+    if !headers.contains_key(header::AUTHORIZATION) && !user_header {
+        return Ok(None);
+    }
+    Ok(match caller(state, headers).await?.0 {
+        FromHeaders::User(id) if matches!(id.source, Source::Key | Source::Jwt | Source::Header) => Some(id.user),
+        _ => None,
+    })
+}
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find_map(|(k, v)| (k == COOKIE && !v.is_empty()).then_some(v))
+        .find_map(|(k, v)| (k == name && !v.is_empty()).then_some(v))
 }
 
 fn page(status: StatusCode, text: &str) -> Response {

@@ -172,9 +172,10 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
         // The Messages API has no `user` field: anonymous_user, else 401.
         FromHeaders::Body => identity::from_body(s, None).map_err(for_messages_callers)?,
     };
-    if let Some(f) = &state.flows {
-        f.prepare(&who).await;
-    }
+    let prepared = match &state.flows {
+        Some(f) => f.prepare(&who).await,
+        None => crate::credentials::Prepared::default(),
+    };
     let user = who.user.clone();
     let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
     let mut obj = JsonObject::parse(&read.bytes, s.max_body_fields)?;
@@ -237,7 +238,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
     let mut request = ContextRequest::for_user(user.clone()).with_identity(&who);
     request.model = obj.str_field("model").filter(|m| !m.is_empty());
     request.select = Some(anthropic.select);
-    let (message, report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
+    let (message, mut report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(
             axum::http::StatusCode::INTERNAL_SERVER_ERROR,
@@ -246,6 +247,7 @@ async fn forward(state: &Shared, req: Request, endpoint: Endpoint) -> Result<Res
             format!("The context could not be built: {e}"),
         )
     })?;
+    prepared.note(&mut report);
     let route = match endpoint {
         Endpoint::Messages => "/v1/messages",
         Endpoint::CountTokens => "/v1/messages/count_tokens",

@@ -93,7 +93,7 @@ impl Metrics {
         registry.register(
             "upstream_auth",
             "Injections by per-user server and the caller's state with it: connected, needs_authorization, \
-             token_expired, denied_by_server",
+             token_expired, denied_by_server, auth_timeout",
             upstream_auth.clone(),
         );
         let token_grants = Family::<Labels, Counter>::default();

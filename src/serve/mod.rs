@@ -312,9 +312,10 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
         FromHeaders::User(who) => who,
         FromHeaders::Body => identity::from_body(s, Some(&obj))?,
     };
-    if let Some(f) = &state.flows {
-        f.prepare(&who).await;
-    }
+    let prepared = match &state.flows {
+        Some(f) => f.prepare(&who).await,
+        None => crate::credentials::Prepared::default(),
+    };
     let user = who.user.clone();
     // The turns the question is taken from, read one at a time and never
     // built (a list of any length costs a few words per run and the query's
@@ -358,7 +359,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
     // ones with less weight, exactly as the library's typed `inject`.
     let query = turns.query();
     drop(turns);
-    let (message, report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
+    let (message, mut report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
         tracing::error!(user = ?request.user, "context could not be built: {e}");
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -367,6 +368,7 @@ async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<
             format!("The context could not be built: {e}"),
         )
     })?;
+    prepared.note(&mut report);
     let route = match kind {
         Kind::Chat => "/v1/chat/completions",
         Kind::Responses => "/v1/responses",

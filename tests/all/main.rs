@@ -26,6 +26,7 @@ mod latency;
 mod memory;
 mod messages;
 mod oauth;
+mod oauth_time;
 mod oauth_trust;
 mod parse_cost;
 mod per_user;
