@@ -459,16 +459,18 @@ where
     let down: Vec<_> = failures.iter().filter(|f| is_down(&hub, &f.server)).collect();
     let result = if !down.is_empty() && down.len() == config.servers.len() {
         Err(match down.as_slice() {
-            [one] => anyhow::anyhow!("server `{}` failed: {}", one.server, escape(&one.error)),
+            // Not escaped here: the final error is escaped line by line where it is printed, so the
+            // stderr tail a server error carries keeps its lines.
+            [one] => anyhow::anyhow!("server `{}` failed: {}", one.server, one.error),
             all => {
-                let each: Vec<String> =
-                    all.iter().map(|f| format!("\n  server `{}`: {}", f.server, escape(&f.error))).collect();
+                let each: Vec<String> = all.iter().map(|f| format!("\n  server `{}`: {}", f.server, f.error)).collect();
                 anyhow::anyhow!("all {} servers failed:{}", all.len(), each.concat())
             }
         })
     } else {
         for failure in &failures {
-            eprintln!("warning: server `{}` failed: {}", failure.server, escape(&failure.error));
+            let each: Vec<_> = failure.error.lines().map(escape).collect();
+            eprintln!("warning: server `{}` failed: {}", failure.server, each.join("\n"));
         }
         tokio::select! {
             r = f(hub.clone()) => r,
