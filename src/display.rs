@@ -2,7 +2,7 @@
 //! URIs, names, descriptions, errors) and what callers send, in the CLI's
 //! tables and reports and in the text log lines. Owns the one escaping
 //! function all of them use, [`escape`], and what counts as a
-//! bidirectional control ([`is_bidi_control`], which user names may not
+//! bidirectional control (`is_bidi_control`, which user names may not
 //! hold either).
 //!
 //! A terminal runs the escape sequences it is sent (ESC `]0;title` BEL sets
