@@ -1,21 +1,38 @@
 //! Counting the `cache_control` breakpoints of a Messages API body one
 //! tool, block or message at a time, never holding the body as a tree: the
-//! rules of [`CacheBreakpoints`](crate::messages::CacheBreakpoints), read by
+//! rules of [`CacheBreakpoints`] (owned here, re-exported by `messages`), read by
 //! serde visitors that skip what they do not look at. The same visitors read
 //! a parsed `Value` (the library's [`CacheBreakpoints::of_parts`]
 //! (crate::messages::CacheBreakpoints::of_parts)) and the text a caller sent
 //! (the proxy's `/v1/messages`, where a body of 380 000 blocks parsed as a
 //! `Value` held some 600 MiB).
 //!
-//! Imports the fence of `inject` and the query's JSON helpers only.
+//! Imports the fence of `inject` and the query's JSON helpers only (never
+//! `messages`, which builds on this).
 
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::compose::{MaybeStr, not_a_map};
+use crate::compose::{MaybeStr, not_a_map, scalars};
 use crate::inject::INSTRUCTIONS_OPEN;
-use crate::messages::CacheBreakpoints;
+
+/// The breakpoints a Messages body already uses outside our block.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheBreakpoints {
+    /// `cache_control` objects wherever the Messages API accepts one: tools,
+    /// the caller's system blocks, message content blocks of every kind and
+    /// the blocks nested in them (a `tool_result`'s or a `search_result`'s
+    /// `content`, a `document`'s `source.content`, at any depth), and the
+    /// request's own top-level one.
+    pub count: usize,
+    /// A breakpoint after ours (in `messages`, or the top-level one, which
+    /// marks the request's last block) asks for `ttl: "1h"`: the longest
+    /// TTL the API offers, so ours must ask for it too (the API refuses a
+    /// shorter TTL before a longer one). Breakpoints before ours (tools, the
+    /// caller's system blocks) do not bind ours.
+    pub one_hour_after_system: bool,
+}
 
 /// The breakpoints counted so far.
 pub(crate) struct Tally(CacheBreakpoints);
@@ -191,27 +208,7 @@ impl<'de> Visitor<'de> for List {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a content list")
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<CacheBreakpoints, E> {
-        Ok(CacheBreakpoints::default())
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<CacheBreakpoints, E> {
-        Ok(CacheBreakpoints::default())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<CacheBreakpoints, E> {
-        Ok(CacheBreakpoints::default())
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<CacheBreakpoints, E> {
-        Ok(CacheBreakpoints::default())
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<CacheBreakpoints, E> {
-        Ok(CacheBreakpoints::default())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<CacheBreakpoints, E> {
-        Ok(CacheBreakpoints::default())
-    }
-    fn visit_none<E: de::Error>(self) -> Result<CacheBreakpoints, E> {
-        Ok(CacheBreakpoints::default())
-    }
+    scalars!();
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CacheBreakpoints, A::Error> {
         while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
         Ok(CacheBreakpoints::default())
@@ -263,6 +260,7 @@ impl<'de> Visitor<'de> for Source {
 }
 
 /// A message: the marks of its content blocks and of the blocks inside them.
+#[derive(Default)]
 struct Message(CacheBreakpoints);
 
 impl<'de> Deserialize<'de> for Message {
@@ -273,28 +271,7 @@ impl<'de> Deserialize<'de> for Message {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a message")
             }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Message, E> {
-                Ok(Message(CacheBreakpoints::default()))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Message, E> {
-                Ok(Message(CacheBreakpoints::default()))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Message, E> {
-                Ok(Message(CacheBreakpoints::default()))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Message, E> {
-                Ok(Message(CacheBreakpoints::default()))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Message, E> {
-                Ok(Message(CacheBreakpoints::default()))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Message, E> {
-                Ok(Message(CacheBreakpoints::default()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Message, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Message(CacheBreakpoints::default()))
-            }
+            not_a_map!();
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message, A::Error> {
                 let mut n = CacheBreakpoints::default();
                 while let Some(MaybeStr(key)) = map.next_key::<MaybeStr<'de>>()? {
@@ -332,11 +309,10 @@ mod tests {
         for t in tools.and_then(Value::as_array).into_iter().flatten() {
             count += usize::from(marks(t).is_some());
         }
-        for b in system
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter(|b| !crate::messages::is_context_block_json(b))
+        for b in
+            system.and_then(Value::as_array).into_iter().flatten().filter(|b| {
+                !(b["type"] == "text" && b["text"].as_str().is_some_and(|t| t.starts_with(INSTRUCTIONS_OPEN)))
+            })
         {
             count += usize::from(marks(b).is_some());
         }

@@ -39,22 +39,7 @@ pub fn is_context_block_json(block: &Value) -> bool {
         && block.get("text").and_then(Value::as_str).is_some_and(|t| t.starts_with(INSTRUCTIONS_OPEN))
 }
 
-/// The breakpoints a Messages body already uses outside our block.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CacheBreakpoints {
-    /// `cache_control` objects wherever the Messages API accepts one: tools,
-    /// the caller's system blocks, message content blocks of every kind and
-    /// the blocks nested in them (a `tool_result`'s or a `search_result`'s
-    /// `content`, a `document`'s `source.content`, at any depth), and the
-    /// request's own top-level one.
-    pub count: usize,
-    /// A breakpoint after ours (in `messages`, or the top-level one, which
-    /// marks the request's last block) asks for `ttl: "1h"`: the longest
-    /// TTL the API offers, so ours must ask for it too (the API refuses a
-    /// shorter TTL before a longer one). Breakpoints before ours (tools, the
-    /// caller's system blocks) do not bind ours.
-    pub one_hour_after_system: bool,
-}
+pub use crate::breakpoints::CacheBreakpoints;
 
 impl CacheBreakpoints {
     /// Counts what `tools`, `system` (blocks of ours not counted) and

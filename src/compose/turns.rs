@@ -123,6 +123,18 @@ pub(crate) struct MaybeStr<'a>(pub(crate) Option<Cow<'a, str>>);
 /// skipped without error (an array is drained, not built).
 macro_rules! not_a_map {
     () => {
+        $crate::compose::scalars!();
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Default::default())
+        }
+    };
+}
+
+/// The scalar visits of a visitor looking for a map or a list: any scalar
+/// is not what is looked for and gives the default value.
+macro_rules! scalars {
+    () => {
         fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
             Ok(Default::default())
         }
@@ -144,13 +156,10 @@ macro_rules! not_a_map {
         fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
             Ok(Default::default())
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            Ok(Default::default())
-        }
     };
 }
 pub(crate) use not_a_map;
+pub(crate) use scalars;
 
 impl<'de: 'a, 'a> Deserialize<'de> for MaybeStr<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
