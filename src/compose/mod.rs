@@ -50,7 +50,9 @@ pub use query::{EARLIER_TURN_WEIGHT, EARLIER_TURNS, MAX_QUERY_BYTES, Query};
 #[cfg(feature = "redis")]
 pub(crate) use render::render_head_into;
 pub use render::{DEFAULT_PREAMBLE, EMPTY_CONTENT, render_text};
-pub(crate) use turns::{MaybeStr, UserTurns, not_a_map, scalars};
+#[cfg(feature = "serve")]
+pub(crate) use turns::UserTurns;
+pub(crate) use turns::{MaybeStr, not_a_map, scalars};
 
 /// Priority given to resources that carry none.
 pub const DEFAULT_PRIORITY: f32 = 0.5;

@@ -41,6 +41,7 @@ impl UserTurns {
     }
 
     /// The turns of one text (a Responses `input` string).
+    #[cfg(feature = "serve")]
     pub(crate) fn of_text(text: String) -> Self {
         let mut t = Tail::default();
         t.push(&text);
@@ -51,7 +52,8 @@ impl UserTurns {
         turns
     }
 
-    /// One message given as JSON text.
+    /// One message given as JSON text (the proxy's, and this module's tests).
+    #[cfg(any(feature = "serve", test))]
     pub(crate) fn push_json(&mut self, message: &str) {
         self.push(&mut serde_json::Deserializer::from_str(message));
     }
