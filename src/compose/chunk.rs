@@ -19,7 +19,7 @@
 //! analysis.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use text_splitter::{ChunkConfig, MarkdownSplitter, TextSplitter};
 
@@ -149,22 +149,28 @@ impl text_splitter::ChunkSizer for OffsetSizer<'_> {
 }
 
 /// Chunks and their terms by content, shared across requests: built once
-/// per content version. Keyed by the address of the contents' `Arc`, which
-/// the entry keeps alive (so the address cannot be reused by other contents
-/// while the entry exists), with the encoding and the listing metadata the
-/// block shows checked on every hit.
+/// per content version. Keyed by the address of the contents' `Arc`, of
+/// which the entry keeps a [`Weak`] (so the address cannot be reused by
+/// other contents while the entry exists), with the encoding and the
+/// listing metadata the block shows checked on every hit.
+///
+/// An entry lives no longer than its contents: once the content cache lets
+/// them go (an expired or evicted `private` answer, a version replaced by a
+/// change), no request can present that `Arc` again, so the entry could
+/// never be hit, and it is dropped at the next insert. Without this, each
+/// new user's private answers filled the index up to its byte bound with
+/// entries nothing would ask for again (issue 47, item 10: 64 MiB at the
+/// default bound, 16 waves of 334 new users).
 ///
 /// Bounded in bytes (`context.chunk_index_max_bytes`, default
 /// [`DEFAULT_CHUNK_INDEX_MAX_BYTES`](DEFAULT_CHUNK_INDEX_MAX_BYTES)),
 /// and to 8192 entries: past the bytes, the least recently used content
 /// versions go until 7/8 of the bound is left; past the count, the least
 /// recently used half. An entry's bytes are an estimate: the contents it
-/// keeps alive (counted whole, though the content cache may hold the same
-/// `Arc`: once that cache drops it, as it does a `private` answer past its
-/// own bound, this entry is its only holder), the rendered block, the token
-/// offsets, the chunks and their term counts, and a fixed cost per item.
-/// Contents larger than the bound are chunked for the request that
-/// needs them and not kept.
+/// indexes (counted whole, though the content cache holds them), the
+/// rendered block, the token offsets, the chunks and their term counts,
+/// and a fixed cost per item. Contents larger than the bound are chunked
+/// for the request that needs them and not kept.
 pub struct ChunkIndex {
     chunk_tokens: usize,
     overlap: usize,
@@ -194,7 +200,8 @@ impl Entries {
 }
 
 pub(super) struct Entry {
-    contents: Arc<Contents>,
+    /// The contents indexed: not kept alive here (see [`ChunkIndex`]).
+    contents: Weak<Contents>,
     meta: (String, Option<String>, Option<String>),
     chunked: Arc<Chunked>,
     /// Approximate bytes kept ([`entry_bytes`]).
@@ -283,7 +290,10 @@ impl ChunkIndex {
     pub(crate) fn peek(&self, tok: &Tokenizer, resource: &Resource, contents: &Arc<Contents>) -> Option<Arc<Chunked>> {
         let key = (Arc::as_ptr(contents) as usize, tok.encoding());
         let mut entries = self.lock();
-        let e = entries.map.get_mut(&key).filter(|e| Arc::ptr_eq(&e.contents, contents) && e.shows(resource))?;
+        let e = entries
+            .map
+            .get_mut(&key)
+            .filter(|e| std::ptr::eq(e.contents.as_ptr(), Arc::as_ptr(contents)) && e.shows(resource))?;
         e.used = USE_CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(e.chunked.clone())
     }
@@ -325,11 +335,21 @@ impl ChunkIndex {
         if let Some(old) = entries.map.remove(&key) {
             entries.bytes -= old.bytes;
         }
+        // Entries whose contents are gone can never be hit again: they go first.
+        let mut freed = 0;
+        entries.map.retain(|_, e| {
+            let alive = e.contents.strong_count() > 0;
+            if !alive {
+                freed += e.bytes;
+            }
+            alive
+        });
+        entries.bytes -= freed;
         if bytes > entries.max {
             return;
         }
         entries.bytes += bytes;
-        entries.map.insert(key, Entry { contents: contents.clone(), meta, chunked, bytes, used: now });
+        entries.map.insert(key, Entry { contents: Arc::downgrade(contents), meta, chunked, bytes, used: now });
         // Past the count, the least recently used half goes (the resources
         // of the current requests stay, not versions replaced long ago);
         // past the bytes, the least recently used down to 7/8 of the bound.

@@ -480,6 +480,30 @@ mod bound {
     }
 
     #[test]
+    fn an_entry_goes_with_its_contents() {
+        // A private answer per new user: once the content cache drops a
+        // version, no request can present it again, so its entry is dead
+        // weight, released at the next insert (issue 47, item 10).
+        let t = tok();
+        let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP);
+        let (kept_r, kept) = res("kept", 4096);
+        index.prepare(&t, &kept_r, &kept);
+        let one = index.bytes();
+        for i in 0..50 {
+            let (r, c) = res(&format!("gone{i}"), 4096);
+            index.prepare(&t, &r, &c);
+            assert!(index.peek(&t, &r, &c).is_some());
+            // `c` dropped here, as the cache drops an expired private answer.
+        }
+        let (r, c) = res("last", 4096);
+        index.prepare(&t, &r, &c);
+        assert_eq!(index.len(), 2, "only the live contents are indexed");
+        assert!(index.bytes() < one * 3, "{} bytes for two entries of about {one}", index.bytes());
+        assert!(index.peek(&t, &kept_r, &kept).is_some() && index.peek(&t, &r, &c).is_some());
+        assert_eq!(Arc::strong_count(&kept), 1, "the index keeps no contents alive");
+    }
+
+    #[test]
     fn re_inserting_the_same_contents_replaces_its_count() {
         let t = tok();
         let index = ChunkIndex::new(DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNK_OVERLAP);

@@ -283,8 +283,9 @@ impl WarmEntry {
     /// Approximate bytes this answer keeps with its key: the message (counted
     /// whole though the composition memo may share it: once that memo moves
     /// on, this is its only holder), the report's lists, the key's query, and
-    /// [`ITEM_OVERHEAD`](crate::lru::ITEM_OVERHEAD) per list item and for the
-    /// entry itself.
+    /// [`ITEM_OVERHEAD`](crate::lru::ITEM_OVERHEAD) per list item, and the
+    /// slot itself: key, report and entry inline (about a KiB) and the map's
+    /// copy of the user name, most of what a small answer costs.
     pub(super) fn bytes(&self, key: &WarmKey) -> usize {
         use crate::lru::ITEM_OVERHEAD;
         let r = &self.report;
@@ -297,7 +298,8 @@ impl WarmEntry {
             + key.roles.iter().map(String::len).sum::<usize>()
             + key.model.len()
             + key.query.as_ref().map_or(0, String::len);
-        message + included + excluded + texts + key_bytes + r.user.len() + r.model.len() + ITEM_OVERHEAD
+        let slot = std::mem::size_of::<(String, WarmSlot)>() + key.user.len();
+        message + included + excluded + texts + key_bytes + r.user.len() + r.model.len() + slot + ITEM_OVERHEAD
     }
 }
 

@@ -209,3 +209,40 @@ async fn multi_megabyte_conversations_keep_memory_bounded_and_are_answered() {
     let h = r.headers()["x-mcp-context"].to_str().unwrap().to_owned();
     assert!(h.starts_with("user=after;"), "{h}");
 }
+
+/// Issue 47 item 10: 16 waves of 334 new users, private answers that keep
+/// one second (`ttlMs` 1000), the private cache and the warm memo both at
+/// 4 MiB, relevance mode with its chunk index at its default bound. The
+/// index used to keep every new user's private contents alive until that
+/// default (64 MiB) was full, though no request could ask for them again
+/// once the private cache let them go: RSS rose 75 -> 158 MiB, 10 MiB of it
+/// from wave 4 to wave 16 (with 2 KiB documents, 49 MiB). Now its entries
+/// live no longer than their contents: 75 -> 103 MiB, 2.5 MiB of it from
+/// wave 4 on (debug builds).
+#[tokio::test]
+async fn short_lived_private_answers_for_many_new_users_keep_rss_flat() {
+    let (upstream, _stop) = forgetful_upstream().await;
+    let t = tag();
+    let body = format!(
+        "servers:\n{}context:\n  max_tokens: 1000\n  select: relevance\n  warm_memo_max_bytes: 4194304\ncache:\n  private_max_bytes: 4194304\n{}",
+        fixture_server_base("fx", &t, &["--private", "--read-ttl-ms", "1000", "--n", "2", "--size", "8192"]),
+        serve_yaml()
+    );
+    let proxy = Proxy::start_config(&body, &upstream, t).await;
+    let pid = proxy.child.id().unwrap();
+    let mut rss = vec![rss_mib(pid)];
+    let started = Instant::now();
+    for wave in 0..16 {
+        let requests =
+            (0..334).map(|i| (format!("t{wave}-user{i}"), format!("what does resource {} say?", i % 2))).collect();
+        send_all(&proxy, requests, 8, None).await;
+        rss.push(rss_mib(pid));
+    }
+    eprintln!("short-lived private waves: RSS MiB at start and after each wave {rss:.1?}, {:.1?}", started.elapsed());
+    let (lo, hi) = rss[4..].iter().fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    assert!(hi - lo <= 8.0, "RSS moved {:.1} MiB from wave 4 to wave 16: {rss:.1?}", hi - lo);
+    // Two 4 MiB bounds, the index of the live private answers, the
+    // tokenizer: some 30 MiB; unbounded, 80.
+    assert!(rss[16] - rss[0] <= 48.0, "RSS grew {:.1} MiB: {rss:.1?}", rss[16] - rss[0]);
+    assert!(proxy.stderr().lines().all(|l| !l.contains("ERROR")), "{}", proxy.stderr());
+}

@@ -45,7 +45,7 @@ pub struct Options {
     pub list_file: Option<String>,
     /// While this file exists, reads of fx://live fail.
     pub fail_file: Option<String>,
-    /// Read results say `cacheScope: private`, `ttlMs: 60000`.
+    /// Read results say `cacheScope: private`, `ttlMs: 60000` (or `--read-ttl-ms`).
     pub private: bool,
     /// After initialization, send this many resources/updated and list_changed notifications.
     pub flood: usize,
@@ -72,7 +72,7 @@ pub struct Options {
     pub record_lifecycle: bool,
     /// List results say `ttlMs` = this (and `cacheScope: public`).
     pub list_ttl_ms: Option<u64>,
-    /// Read results say `ttlMs` = this (and `cacheScope: public`).
+    /// Read results say `ttlMs` = this (and `cacheScope: public` unless `--private`).
     pub read_ttl_ms: Option<u64>,
     /// Every read waits this long before answering (so that reads from
     /// several clients overlap).
@@ -639,7 +639,7 @@ impl Fixture {
         // answers keep, as a real one would.
         let modern = cx.protocol_version().is_some_and(|v| !v.has_initialize());
         if self.opts.private {
-            result = result.with_ttl_ms(60_000);
+            result = result.with_ttl_ms(self.opts.read_ttl_ms.unwrap_or(60_000));
             result.cache_scope = Some(CacheScope::Private);
         } else if let Some(ttl) = self.opts.read_ttl_ms {
             result = result.with_ttl_ms(ttl);
