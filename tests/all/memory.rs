@@ -94,67 +94,67 @@ fn serve_yaml() -> &'static str {
     "serve:\n  upstream_api_key: sk-up\n  user_header: X-Test-User\n"
 }
 
-#[tokio::test]
-async fn private_answers_for_waves_of_new_users_stay_within_the_byte_bound() {
+/// Starts `serve` on `config` (with [`serve_yaml`]) and sends `waves` waves of
+/// `per` new users, `concurrency` at a time, each asking `question(i)` and
+/// expecting `included` resources (see [`send_all`]): the proxy's RSS at
+/// the start and after each wave, once it has checked that nothing was
+/// logged as an error.
+async fn rss_over_waves(
+    config: &str,
+    (waves, per, concurrency): (usize, usize, usize),
+    question: impl Fn(usize) -> String,
+    included: Option<usize>,
+) -> Vec<f64> {
     let (upstream, _stop) = forgetful_upstream().await;
     let t = tag();
-    // Two private documents of 32 KiB, read for each new user (those who
-    // join another user's read of a private answer read again, uncached):
-    // tens of MiB per wave of 2000 users if nothing bounded it.
-    let body = format!(
-        "servers:\n{}context:\n  max_tokens: 40000\n  select: priority\n  warm_memo_max_bytes: 4000000\ncache:\n  private_max_bytes: 4000000\n{}",
-        fixture_server("fx", &t, &["--private", "--n", "2", "--size", "32768"]),
-        serve_yaml()
-    );
+    let body = config.replace("{tag}", &t) + serve_yaml();
     let proxy = Proxy::start_config(&body, &upstream, t).await;
     let pid = proxy.child.id().unwrap();
     let mut rss = vec![rss_mib(pid)];
     let started = Instant::now();
-    for wave in 0..4 {
-        let requests = (0..2000).map(|i| (format!("w{wave}-user{i}"), format!("question {i}"))).collect();
-        send_all(&proxy, requests, 8, Some(2)).await;
+    for wave in 0..waves {
+        let requests = (0..per).map(|i| (format!("w{wave}-user{i}"), question(i))).collect();
+        send_all(&proxy, requests, concurrency, included).await;
         rss.push(rss_mib(pid));
     }
-    eprintln!("private waves: RSS MiB at start and after each wave {rss:.1?}, {:.1?}", started.elapsed());
+    eprintln!("RSS MiB at start and after each wave {rss:.1?}, {:.1?}", started.elapsed());
+    assert!(proxy.stderr().lines().all(|l| !l.contains("ERROR")), "{}", proxy.stderr());
+    rss
+}
+
+#[tokio::test]
+async fn private_answers_for_waves_of_new_users_stay_within_the_byte_bound() {
+    // Two private documents of 32 KiB, read for each new user (those who
+    // join another user's read of a private answer read again, uncached):
+    // tens of MiB per wave of 2000 users if nothing bounded it.
+    let config = format!(
+        "servers:\n{}context:\n  max_tokens: 40000\n  select: priority\n  warm_memo_max_bytes: 4000000\ncache:\n  private_max_bytes: 4000000\n",
+        fixture_server("fx", "{tag}", &["--private", "--n", "2", "--size", "32768"]),
+    );
+    let rss = rss_over_waves(&config, (4, 2000, 8), |i| format!("question {i}"), Some(2)).await;
     // Unbounded, each wave added its private entries; bounded, the later
     // waves add nothing but allocator noise.
     let growth = rss[4] - rss[2];
     assert!(growth < 6.0, "RSS grew {growth:.1} MiB between waves 2 and 4: {rss:.1?}");
     assert!(rss[4] < rss[0] + 48.0, "{rss:.1?}");
-    assert!(proxy.stderr().lines().all(|l| !l.contains("ERROR")), "{}", proxy.stderr());
 }
 
 #[tokio::test]
 async fn private_answers_chunked_in_relevance_mode_stay_within_the_chunk_index_bound() {
-    let (upstream, _stop) = forgetful_upstream().await;
-    let t = tag();
     // Relevance mode with a question: each new user's private answers are
     // new contents, chunked and indexed. The index keeps each entry's
-    // contents alive plus its rendered block, token offsets and terms
-    // (four to six times the text): without a byte bound, 8192 entries of
-    // these two 16 KiB documents are some 700 MiB, after the private cache
-    // let go of them.
-    let body = format!(
-        "servers:\n{}context:\n  max_tokens: 1000\n  select: relevance\n  warm_memo_max_bytes: 4000000\n  chunk_index_max_bytes: 8000000\ncache:\n  private_max_bytes: 4000000\n{}",
-        fixture_server("fx", &t, &["--private", "--n", "2", "--size", "16384"]),
-        serve_yaml()
+    // rendered block, token offsets and terms (three to five times the
+    // text): without a byte bound, 8192 entries of these two 16 KiB
+    // documents are some 700 MiB.
+    let config = format!(
+        "servers:\n{}context:\n  max_tokens: 1000\n  select: relevance\n  warm_memo_max_bytes: 4000000\n  chunk_index_max_bytes: 8000000\ncache:\n  private_max_bytes: 4000000\n",
+        fixture_server("fx", "{tag}", &["--private", "--n", "2", "--size", "16384"]),
     );
-    let proxy = Proxy::start_config(&body, &upstream, t).await;
-    let pid = proxy.child.id().unwrap();
-    let mut rss = vec![rss_mib(pid)];
-    let started = Instant::now();
-    for wave in 0..4 {
-        let requests =
-            (0..300).map(|i| (format!("r{wave}-user{i}"), format!("what does resource {} say?", i % 2))).collect();
-        send_all(&proxy, requests, 4, None).await;
-        rss.push(rss_mib(pid));
-    }
-    eprintln!("relevance waves: RSS MiB at start and after each wave {rss:.1?}, {:.1?}", started.elapsed());
+    let rss = rss_over_waves(&config, (4, 300, 4), |i| format!("what does resource {} say?", i % 2), None).await;
     // Unbounded, each wave of 300 users added about 45 MiB of entries;
     // bounded, the later waves add nothing but allocator noise.
     let growth = rss[4] - rss[2];
     assert!(growth < 8.0, "RSS grew {growth:.1} MiB between waves 2 and 4: {rss:.1?}");
-    assert!(proxy.stderr().lines().all(|l| !l.contains("ERROR")), "{}", proxy.stderr());
 }
 
 #[tokio::test]
@@ -221,28 +221,14 @@ async fn multi_megabyte_conversations_keep_memory_bounded_and_are_answered() {
 /// wave 4 on (debug builds).
 #[tokio::test]
 async fn short_lived_private_answers_for_many_new_users_keep_rss_flat() {
-    let (upstream, _stop) = forgetful_upstream().await;
-    let t = tag();
-    let body = format!(
-        "servers:\n{}context:\n  max_tokens: 1000\n  select: relevance\n  warm_memo_max_bytes: 4194304\ncache:\n  private_max_bytes: 4194304\n{}",
-        fixture_server_base("fx", &t, &["--private", "--read-ttl-ms", "1000", "--n", "2", "--size", "8192"]),
-        serve_yaml()
+    let config = format!(
+        "servers:\n{}context:\n  max_tokens: 1000\n  select: relevance\n  warm_memo_max_bytes: 4194304\ncache:\n  private_max_bytes: 4194304\n",
+        fixture_server_base("fx", "{tag}", &["--private", "--read-ttl-ms", "1000", "--n", "2", "--size", "8192"]),
     );
-    let proxy = Proxy::start_config(&body, &upstream, t).await;
-    let pid = proxy.child.id().unwrap();
-    let mut rss = vec![rss_mib(pid)];
-    let started = Instant::now();
-    for wave in 0..16 {
-        let requests =
-            (0..334).map(|i| (format!("t{wave}-user{i}"), format!("what does resource {} say?", i % 2))).collect();
-        send_all(&proxy, requests, 8, None).await;
-        rss.push(rss_mib(pid));
-    }
-    eprintln!("short-lived private waves: RSS MiB at start and after each wave {rss:.1?}, {:.1?}", started.elapsed());
+    let rss = rss_over_waves(&config, (16, 334, 8), |i| format!("what does resource {} say?", i % 2), None).await;
     let (lo, hi) = rss[4..].iter().fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
     assert!(hi - lo <= 8.0, "RSS moved {:.1} MiB from wave 4 to wave 16: {rss:.1?}", hi - lo);
     // Two 4 MiB bounds, the index of the live private answers, the
     // tokenizer: some 30 MiB; unbounded, 80.
     assert!(rss[16] - rss[0] <= 48.0, "RSS grew {:.1} MiB: {rss:.1?}", rss[16] - rss[0]);
-    assert!(proxy.stderr().lines().all(|l| !l.contains("ERROR")), "{}", proxy.stderr());
 }
