@@ -306,14 +306,21 @@ async fn the_serve_quick_start_runs_as_written_on_a_fresh_clone() {
                 .spawn()
                 .unwrap();
             let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-            let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await;
-            let Ok(Ok(Some(first))) = first else {
+            // The address is on the line saying `listening on URL, …` (other start lines may come first).
+            let listening = tokio::time::timeout(Duration::from_secs(60), async {
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(rest) = line.split("listening on ").nth(1) {
+                        return Some(rest.split(',').next().unwrap().to_owned());
+                    }
+                }
+                None
+            });
+            let Ok(Some(url)) = listening.await else {
                 let mut err = String::new();
                 use tokio::io::AsyncReadExt;
                 let _ = child.stderr.take().unwrap().read_to_string(&mut err).await;
                 panic!("`{background}` did not start: {err}");
             };
-            let url = first.split("listening on ").nth(1).unwrap().split(',').next().unwrap().to_owned();
             proxy = Some((child, url));
         } else {
             let url = &proxy.as_ref().expect("serve is started first").1;
