@@ -1,11 +1,12 @@
 //! The verified client list (docs/src/clients.md), driven for real: the pinned Python clients
-//! (tests/python-clients: openai-agents, langchain-openai, litellm, pydantic-ai, llama-index-llms-openai) and Node
-//! clients (tests/node/clients.mjs: the AI SDK with @ai-sdk/openai and @ai-sdk/anthropic, @anthropic-ai/sdk)
+//! (tests/python-clients: openai, openai-agents, langchain-openai, litellm, pydantic-ai, llama-index-llms-openai,
+//! anthropic) and Node clients (tests/node/clients.mjs: openai, the AI SDK with @ai-sdk/openai and
+//! @ai-sdk/anthropic, @anthropic-ai/sdk)
 //! through the real `serve`, in front of the recording OpenAI upstream and the Messages stand-in. Per client: the
 //! plain and the streamed answer arrive whole; each request carries its own user's context (alice's or bob's, once,
 //! first in `messages` or last in `system`), the operator's upstream key, and the client's tool as it sent it.
-//! (The official `openai` and `anthropic` packages and Claude Code have their own tests in serve.rs and
-//! messages.rs.) May import: common, serve (the upstream, the proxy), messages (the stand-in, our block).
+//! (serve.rs and messages.rs test the official packages further: the Responses API, `count_tokens`, the 401s;
+//! messages.rs runs Claude Code.) May import: common, serve (the upstream, the proxy), messages (the stand-in, our block).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -93,7 +94,7 @@ fn check_chat_requests(up: &Upstream, proxy: &Proxy, clients: &[&str]) {
 /// The Python of target/py-clients (tests/python-clients/requirements.txt, installed by .ci/run).
 fn python_clients() -> Option<std::path::PathBuf> {
     let python = Path::new(ROOT).join("target/py-clients/bin/python");
-    let probe = "import agents, langchain_openai, litellm, pydantic_ai, llama_index.llms.openai";
+    let probe = "import agents, anthropic, langchain_openai, litellm, pydantic_ai, llama_index.llms.openai";
     let ok = std::process::Command::new(&python).args(["-c", probe]).output().is_ok_and(|o| o.status.success());
     ok.then_some(python)
 }
@@ -104,7 +105,7 @@ async fn the_python_client_libraries_get_each_users_context_through_serve() {
     let Some(python) = python_clients() else {
         return skip(test, "no target/py-clients venv (.ci/run installs tests/python-clients/requirements.txt)");
     };
-    let clients = ["openai-agents", "langchain-openai", "litellm", "pydantic-ai", "llama-index"];
+    let clients = ["openai", "openai-agents", "langchain-openai", "litellm", "pydantic-ai", "llama-index"];
     let up = Upstream::start().await;
     let stand = Stand::start().await;
     let proxy = proxy(&up, &stand).await;
@@ -115,7 +116,7 @@ async fn the_python_client_libraries_get_each_users_context_through_serve() {
     }
     let out = tokio::process::Command::new(python)
         .arg(Path::new(ROOT).join("tests/python-clients/clients.py"))
-        .arg(format!("{}/v1", proxy.url))
+        .arg(&proxy.url)
         .env("NLTK_DATA", nltk.path())
         .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         .env_remove("OPENAI_API_KEY")
@@ -125,8 +126,9 @@ async fn the_python_client_libraries_get_each_users_context_through_serve() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     check_answers(&out.stdout, &clients, crate::serve::ANSWER);
+    check_answers(&out.stdout, &["anthropic"], crate::messages::ANSWER);
     check_chat_requests(&up, &proxy, &clients);
-    assert!(stand.got().is_empty());
+    check_messages_requests(&stand, &proxy, &["anthropic"]);
 }
 
 #[tokio::test]
@@ -149,17 +151,16 @@ async fn the_node_client_libraries_get_each_users_context_through_serve() {
         .await
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    check_answers(&out.stdout, &["ai-sdk-openai"], crate::serve::ANSWER);
-    for c in ["ai-sdk-anthropic", "anthropic-sdk"] {
-        for u in USERS {
-            let answer = crate::messages::ANSWER;
-            assert_eq!(v[c][u], json!({"plain": answer, "stream": answer}), "{c} as {u}: {v}");
-        }
-    }
-    check_chat_requests(&up, &proxy, &["ai-sdk-openai"]);
+    check_answers(&out.stdout, &["openai", "ai-sdk-openai"], crate::serve::ANSWER);
+    check_answers(&out.stdout, &["ai-sdk-anthropic", "anthropic-sdk"], crate::messages::ANSWER);
+    check_chat_requests(&up, &proxy, &["openai", "ai-sdk-openai"]);
 
-    let blocks: Vec<(String, Value)> = USERS.iter().map(|u| (u.to_string(), our_block(&proxy, u))).collect();
+    check_messages_requests(&stand, &proxy, &["ai-sdk-anthropic", "anthropic-sdk"]);
+}
+
+/// The Messages API requests the stand-in received: one per client, user and mode, each with its user's block.
+fn check_messages_requests(stand: &Stand, proxy: &Proxy, clients: &[&str]) {
+    let blocks: Vec<(String, Value)> = USERS.iter().map(|u| (u.to_string(), our_block(proxy, u))).collect();
     let mut runs = BTreeSet::new();
     for got in stand.messages() {
         let (client, user, mode) = tag_of(&got.body["messages"]);
@@ -174,5 +175,5 @@ async fn the_node_client_libraries_get_each_users_context_through_serve() {
         assert_eq!(got.body["stream"] == true, mode == "stream", "{client} {mode}");
         assert!(runs.insert((client, user, mode)), "one request per client, user and mode");
     }
-    assert_eq!(runs, expected_runs(&["ai-sdk-anthropic", "anthropic-sdk"]));
+    assert_eq!(runs, expected_runs(clients));
 }

@@ -1,11 +1,12 @@
 // The Node clients of the verified list (docs/src/clients.md) through `mcp-context serve`, as tests/all/clients.rs
-// runs them: the AI SDK (`ai`) with `@ai-sdk/openai` and `@ai-sdk/anthropic`, and `@anthropic-ai/sdk`, each as alice
-// and bob, plain and streamed, with one tool. Every prompt carries `[client user mode]` so that the test can tell
-// the upstream's requests apart. Arguments: the proxy's URL, without /v1. Prints one JSON object of the answers.
+// runs them: `openai`, the AI SDK (`ai`) with `@ai-sdk/openai` and `@ai-sdk/anthropic`, and `@anthropic-ai/sdk`, each
+// as alice and bob, plain and streamed, with one tool. Every prompt carries `[client user mode]` so that the test can
+// tell the upstream's requests apart. Argument: the proxy's URL, without /v1. Prints one JSON object of the answers.
 import { generateText, jsonSchema, streamText, tool } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
 import { createAnthropic } from "@ai-sdk/anthropic";
 import Anthropic from "@anthropic-ai/sdk";
+import OpenAI from "openai";
 
 const proxy = process.argv[2];
 const schema = { type: "object", properties: { city: { type: "string" } }, required: ["city"] };
@@ -22,6 +23,19 @@ async function aiSdk(name, model, user) {
 
 for (const user of ["alice", "bob"]) {
   const apiKey = `key-${user}`;
+  const official = new OpenAI({ baseURL: `${proxy}/v1`, apiKey, maxRetries: 0 });
+  const chat = (mode, extra) =>
+    official.chat.completions.create({
+      model: "gpt-4o",
+      tools: [{ type: "function", function: { name: "get_weather", description: "The weather in a city", parameters: schema } }],
+      messages: [{ role: "user", content: `[openai ${user} ${mode}] What is new?` }],
+      ...extra,
+    });
+  const reply = await chat("plain", {});
+  let streamed = "";
+  for await (const c of await chat("stream", { stream: true })) streamed += c.choices[0]?.delta?.content ?? "";
+  (out["openai"] ??= {})[user] = { plain: reply.choices[0].message.content, stream: streamed };
+
   const openai = createOpenAI({ baseURL: `${proxy}/v1`, apiKey });
   (out["ai-sdk-openai"] ??= {})[user] = await aiSdk("ai-sdk-openai", openai.chat("gpt-4o"), user);
   // This provider's base URL includes /v1 (its default is https://api.anthropic.com/v1).

@@ -1,12 +1,13 @@
 # The Python clients of the verified list (docs/src/clients.md) through `mcp-context serve`, as tests/all/clients.rs
-# runs them: openai-agents, langchain-openai, litellm, pydantic-ai and llama-index-llms-openai, each as alice and bob,
-# plain and streamed, with one tool. Every prompt carries `[client user mode]` so that the test can tell the
-# upstream's requests apart. Argument: the proxy's OpenAI base URL (ending in /v1). Prints one JSON object.
+# runs them: openai, openai-agents, langchain-openai, litellm, pydantic-ai, llama-index-llms-openai and anthropic,
+# each as alice and bob, plain and streamed, with one tool. Every prompt carries `[client user mode]` so that the
+# test can tell the upstream's requests apart. Argument: the proxy's URL, without /v1. Prints one JSON object.
 import asyncio
 import json
 import sys
 
-BASE = sys.argv[1]
+PROXY = sys.argv[1]
+BASE = PROXY + "/v1"  # OpenAI-style clients; the Anthropic SDK takes PROXY
 TOOL = {
     "type": "function",
     "function": {
@@ -24,6 +25,36 @@ def get_weather(city: str) -> str:
 
 def prompt(client, user, mode):
     return f"[{client} {user} {mode}] What is new?"
+
+
+async def openai_client(user, key):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=BASE, api_key=key, max_retries=0)
+
+    def ask(mode, **kw):
+        messages = [{"role": "user", "content": prompt("openai", user, mode)}]
+        return client.chat.completions.create(model="gpt-4o", messages=messages, tools=[TOOL], **kw)
+
+    plain = ask("plain").choices[0].message.content
+    stream = "".join(c.choices[0].delta.content or "" for c in ask("stream", stream=True) if c.choices)
+    return {"plain": plain, "stream": stream}
+
+
+async def anthropic_client(user, key):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=PROXY, api_key=key, max_retries=0)
+    tool = {"name": "get_weather", "description": "The weather in a city", "input_schema": TOOL["function"]["parameters"]}
+
+    def ask(mode):
+        messages = [{"role": "user", "content": prompt("anthropic", user, mode)}]
+        return {"model": "claude-sonnet-4-5", "max_tokens": 64, "tools": [tool], "messages": messages}
+
+    plain = client.messages.create(**ask("plain")).content[0].text
+    with client.messages.stream(**ask("stream")) as s:
+        stream = "".join(s.text_stream)
+    return {"plain": plain, "stream": stream}
 
 
 async def openai_agents(user, key):
@@ -86,11 +117,13 @@ async def llama_index(user, key):
 
 
 CLIENTS = {
+    "openai": openai_client,
     "openai-agents": openai_agents,
     "langchain-openai": langchain_openai,
     "litellm": litellm_client,
     "pydantic-ai": pydantic_ai,
     "llama-index": llama_index,
+    "anthropic": anthropic_client,
 }
 
 
