@@ -146,3 +146,9 @@ pub mod access {
 pub mod servers {
     pub use crate::hub::{Hub, HubEvent, ServerStatus};
 }
+
+/// The Rust blocks of the book's chapters (docs/src/), compiled as doctests so that they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/src/library.md")]
+#[doc = include_str!("../docs/src/verified-callers.md")]
+struct BookDoctests;
