@@ -79,6 +79,7 @@ pub mod messages;
 mod mode;
 mod pipe;
 mod policy;
+pub mod preflight;
 mod report;
 pub mod resource;
 #[cfg(feature = "serve")]

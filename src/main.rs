@@ -32,6 +32,7 @@ use mcp_context::serve;
 mod cli_audit;
 mod cli_auth;
 mod cli_auth_login;
+mod cli_check;
 mod cli_list;
 mod cli_log;
 
@@ -96,6 +97,13 @@ enum Command {
         /// How to choose resources: auto, priority or relevance (overrides context.select).
         #[arg(long, value_name = "MODE")]
         mode: Option<mcp_context::SelectMode>,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The pre-flight of a rollout: the config and policy loaded (every problem listed), every server started
+    /// or dialled, Redis, PostgreSQL, the JWKS and the upstream reached; one line each, exit 1 when any fails.
+    Check {
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -254,12 +262,28 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let config_path = Config::locate(cli.config.as_deref());
-    let config =
-        tracing::subscriber::with_default(log_subscriber(cli.verbose, cli.log_format), || Config::load(&config_path))?;
+    if let Command::Check { json } = cli.command {
+        init_tracing(cli.verbose, cli.log_format, None)?;
+        return cli_check::check(&config_path, json).await;
+    }
+    let config = tracing::subscriber::with_default(log_subscriber(cli.verbose, cli.log_format), || {
+        Config::load(&config_path).map_err(|e| with_policy_problems(e, &config_path))
+    })?;
     let tracing = init_tracing(cli.verbose, cli.log_format, config.telemetry.as_ref())?;
     let result = command(cli, config).await;
     tracing.end().await;
     result
+}
+
+/// A config that does not load: the problems of the policy it names too, so that one run shows them all.
+fn with_policy_problems(mut e: mcp_context::Error, config_path: &Path) -> mcp_context::Error {
+    if let mcp_context::Error::Config { more, .. } = &mut e
+        && let Some(policy) = Config::policy_in(config_path)
+        && let Err(p) = Policy::load(&policy)
+    {
+        more.push(p);
+    }
+    e
 }
 
 /// The commands that read the config.
@@ -402,7 +426,9 @@ async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
         }
         #[cfg(feature = "serve")]
         Command::Serve { command: Some(_), .. } => unreachable!("handled above"),
-        Command::DemoServer | Command::Policy { command: PolicyCommand::Check { path: Some(_) } } => {
+        Command::DemoServer
+        | Command::Check { .. }
+        | Command::Policy { command: PolicyCommand::Check { path: Some(_) } } => {
             unreachable!("handled above")
         }
     }

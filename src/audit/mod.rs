@@ -252,3 +252,13 @@ pub fn since(text: &str) -> String {
         _ => t.to_owned(),
     }
 }
+
+/// Connects to the database of a PostgreSQL sink and runs `SELECT 1` (what
+/// `mcp-context check` does): `Err` says why not, the URL without its password.
+#[cfg(feature = "postgres")]
+pub(crate) async fn ping_postgres(url: &secrecy::SecretString) -> std::result::Result<(), String> {
+    let target = postgres::Target { url: url.clone(), schema: String::new(), table: String::new() };
+    let client = target.connect().await?;
+    let shown = crate::cause::redact_url(secrecy::ExposeSecret::expose_secret(url));
+    client.simple_query("SELECT 1").await.map(drop).map_err(|e| format!("{shown}: SELECT 1 failed: {e}"))
+}

@@ -89,7 +89,7 @@ impl Target {
     }
 
     /// Connects (the connection driven by a task of its own) within [`TIMEOUT`].
-    async fn connect(&self) -> std::result::Result<Client, String> {
+    pub(super) async fn connect(&self) -> std::result::Result<Client, String> {
         let url = self.url.expose_secret().to_owned();
         let connecting = tokio_postgres::connect(&url, NoTls);
         match tokio::time::timeout(TIMEOUT, connecting).await {

@@ -50,6 +50,8 @@ use state::{Flight, State, Subscribed, bump_all, invalidate, on_remote};
 #[cfg(feature = "redis")]
 mod shared;
 #[cfg(feature = "redis")]
+pub(crate) use shared::ping as ping_redis;
+#[cfg(feature = "redis")]
 use shared::{Remote, SharedCache};
 
 /// Without the `redis` feature there is no shared layer: an uninhabited

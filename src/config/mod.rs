@@ -184,6 +184,12 @@ impl<'p> Found<'p> {
     }
 }
 
+/// The folder relative paths of the config file at `path` resolve against.
+fn base_of(path: &Path) -> PathBuf {
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    if base.as_os_str().is_empty() { PathBuf::from(".") } else { base }
+}
+
 /// A config error in `path`, located when `pos` is known.
 fn config_error(path: &Path, pos: Option<Pos>, message: String) -> Error {
     Error::Config {
@@ -251,8 +257,15 @@ impl Config {
         // A text that is not YAML (or JSONC) has nothing more to check.
         let root = parsed.map_err(|p| found.error(p.pos, p.message))?.unwrap_or_else(Node::empty_map);
         let root = if host { host::host_view(root, path) } else { root };
+        // The servers that read cleanly: past a bad field, the others' entries are read again without
+        // it, and checking such a half entry would report what its absence causes (no `command` nor `url`).
+        let unclean: Vec<String> = yaml::from_node::<RawConfig>(&root, &Problems::default())
+            .ok()
+            .and_then(|r| r.servers.0)
+            .map(|m| m.0.into_iter().filter(|(_, s)| s.0.is_none()).map(|(n, _)| n).collect())
+            .unwrap_or_default();
         let problems = Problems::default();
-        let raw = yaml::from_node::<RawConfig>(&root, &problems);
+        let raw = yaml::from_node_all::<RawConfig>(&root, &problems);
         let mut problems = problems.into_vec();
         if let Err(e) = &raw
             && problems.is_empty()
@@ -264,8 +277,7 @@ impl Config {
         }
         // What could be read is checked too, so that one run reports all.
         let raw = raw.unwrap_or_default();
-        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+        let base = base_of(path);
         // What a stdio server's relative command and default working directory
         // are resolved against: absolute, since the child starts in it.
         let abs_base = std::path::absolute(&base).unwrap_or_else(|_| base.clone());
@@ -273,7 +285,7 @@ impl Config {
         let cx = servers::Cx { src, path, root: &root, host, abs_base: &abs_base, expander: &expander };
         let mut servers = Vec::new();
         for (name, s) in raw.servers.0.map(|m| m.0).unwrap_or_default() {
-            let Some(s) = s.0 else { continue };
+            let Some(s) = s.0.filter(|_| !unclean.contains(&name)) else { continue };
             match servers::server(&cx, name, &s) {
                 Ok(Some(server)) => servers.push(server),
                 Ok(None) => {}
@@ -334,6 +346,16 @@ impl Config {
         found.finish()?;
         let policy = raw.policy.map(|p| base.join(p));
         Ok(Config { path: path.to_owned(), servers, policy, context, serve, cache, telemetry, audit, credentials })
+    }
+
+    /// The policy file or folder the config file at `path` names
+    /// (`policy:`), resolved against its folder; read even when the config
+    /// has problems, so that they can be reported with the policy's.
+    pub fn policy_in(path: &Path) -> Option<PathBuf> {
+        let src = std::fs::read_to_string(path).ok()?;
+        let root = if host::is_host_file(path) { crate::jsonc::parse(&src) } else { yaml::parse(&src) }.ok()??;
+        let policy = root.get("policy")?.as_str()?;
+        Some(base_of(path).join(policy))
     }
 
     /// The server of that name.

@@ -17,6 +17,7 @@ mod exchange;
 mod flows;
 mod loopback;
 mod oauth;
+mod pending;
 mod single_flight;
 
 pub use exchange::{TOKEN_EXCHANGE_GRANT, TokenExchanger};

@@ -45,6 +45,7 @@ use url::Url;
 
 use super::authz::{self, ClientCredentials};
 use super::discovery::{self, Discovered};
+use super::pending::{Pending, PendingRecord};
 use super::single_flight::KeyedLocks;
 use super::{CredentialState, TokenSet, TokenStore};
 use crate::config::OAuthSettings;
@@ -84,54 +85,6 @@ pub struct Connected {
     pub server: String,
     /// The user whose tokens are now stored.
     pub user: String,
-}
-
-struct Pending {
-    server: String,
-    user: String,
-    verifier: SecretString,
-    redirect_uri: String,
-    created: Instant,
-}
-
-/// A pending authorization as a shared store keeps it (sealed there).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct PendingRecord {
-    server: String,
-    user: String,
-    verifier: String,
-    redirect_uri: String,
-    /// Milliseconds since the epoch.
-    created_ms: u64,
-}
-
-impl PendingRecord {
-    fn of(p: &Pending) -> Self {
-        let created = std::time::SystemTime::now().checked_sub(p.created.elapsed()).unwrap_or(std::time::UNIX_EPOCH);
-        PendingRecord {
-            server: p.server.clone(),
-            user: p.user.clone(),
-            verifier: p.verifier.expose_secret().to_owned(),
-            redirect_uri: p.redirect_uri.clone(),
-            created_ms: created.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-        }
-    }
-
-    /// The record in `bytes`, as a [`Pending`] of the same age; `None` when
-    /// it does not parse.
-    fn parse(bytes: &[u8]) -> Option<Pending> {
-        let r: PendingRecord = serde_json::from_slice(bytes).ok()?;
-        let created = std::time::UNIX_EPOCH + Duration::from_millis(r.created_ms);
-        let age = std::time::SystemTime::now().duration_since(created).unwrap_or(Duration::ZERO);
-        Some(Pending {
-            server: r.server,
-            user: r.user,
-            verifier: SecretString::from(r.verifier),
-            redirect_uri: r.redirect_uri,
-            // Older than any deadline when the clock cannot go that far back.
-            created: Instant::now().checked_sub(age).unwrap_or_else(|| Instant::now() - PENDING_TTL * 2),
-        })
-    }
 }
 
 /// The authorization code flows of all `oauth` servers, for all users.

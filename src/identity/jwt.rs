@@ -375,7 +375,7 @@ impl JwtVerifier {
 }
 
 /// The cause chain of `e` after its own message, for the readiness report.
-fn source_text(e: &Error) -> String {
+pub(crate) fn source_text(e: &Error) -> String {
     let mut out = String::new();
     let mut cur = std::error::Error::source(e);
     while let Some(s) = cur {

@@ -31,9 +31,9 @@ mod keys;
 
 pub use crate::error::AuthFailure;
 #[cfg(feature = "jwt")]
-pub(crate) use jwt::parse_algorithm_name;
-#[cfg(feature = "jwt")]
 pub use jwt::{DEFAULT_ALGORITHMS, JwksSource, JwtSettings, JwtVerifier, looks_like_jwt};
+#[cfg(feature = "jwt")]
+pub(crate) use jwt::{parse_algorithm_name, source_text};
 
 /// How a caller was identified.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

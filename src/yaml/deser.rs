@@ -3,6 +3,7 @@
 //! and [`OrderedMap`].
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -48,6 +49,10 @@ pub(crate) struct Error {
     message: String,
     /// Already in the [`Problems`] list: do not record it again on the way up.
     recorded: bool,
+    /// The field a struct found missing (serde's `missing_field`).
+    missing: Option<&'static str>,
+    /// Caused by an entry [`from_node_all`] skipped: not reported.
+    cascade: bool,
 }
 
 impl fmt::Display for Error {
@@ -60,27 +65,83 @@ impl std::error::Error for Error {}
 
 impl de::Error for Error {
     fn custom<T: fmt::Display>(msg: T) -> Self {
-        Error { pos: None, message: msg.to_string(), recorded: false }
+        Error { pos: None, message: msg.to_string(), recorded: false, missing: None, cascade: false }
+    }
+
+    fn missing_field(field: &'static str) -> Self {
+        Error { missing: Some(field), ..<Error as de::Error>::custom(format_args!("missing field `{field}`")) }
     }
 }
 
 /// Every problem met while deserializing one text, in the order met.
 #[derive(Default)]
-pub(crate) struct Problems(RefCell<Vec<Problem>>);
+pub(crate) struct Problems {
+    list: RefCell<Vec<Recorded>>,
+    /// Entries read as if absent (by the address of their key or value node): see [`from_node_all`].
+    skip: HashSet<usize>,
+}
+
+/// One problem, with the entry to skip to get past it.
+struct Recorded {
+    problem: Problem,
+    /// The address of the key or value node of the mapping entry it is in (0: none, the root).
+    entry: usize,
+    cascade: bool,
+}
 
 impl Problems {
     /// The problems, in the order met.
     pub(crate) fn into_vec(self) -> Vec<Problem> {
-        self.0.into_inner()
+        self.list.into_inner().into_iter().map(|r| r.problem).collect()
     }
+}
+
+/// The identity of a node of the tree, for [`Problems::skip`].
+fn addr(node: &Node<'_>) -> usize {
+    node as *const Node<'_> as usize
 }
 
 /// Deserializes `T` from `node`. Every error met is recorded in `problems`;
 /// the first is also returned (a `T` made of [`Lenient`] parts goes on past
 /// the errors of its parts and returns `Ok`, with them recorded).
 pub(crate) fn from_node<'de, T: de::Deserialize<'de>>(node: &'de Node<'de>, problems: &Problems) -> Result<T, Problem> {
-    T::deserialize(De { node, problems, path: Path::Root })
+    T::deserialize(De { node, problems, path: Path::Root, entry: 0 })
         .map_err(|e| Problem { pos: e.pos.or(Some(node.pos)), message: e.message })
+}
+
+/// Like [`from_node`], but past every problem, not only past [`Lenient`]
+/// parts: a struct stops at its first bad field (serde's derived code
+/// returns its first error), so the text is read again with the entry at
+/// fault taken as absent, until no new problem appears. Every problem of
+/// every pass is recorded once, in the order met; a field then found
+/// missing because its bad entry was skipped is not one. The value is the
+/// last pass's, read with bad entries left out: only for a caller that
+/// fails when any problem was recorded, as for [`Lenient`].
+pub(crate) fn from_node_all<'de, T: de::Deserialize<'de>>(
+    node: &'de Node<'de>,
+    problems: &Problems,
+) -> Result<T, Problem> {
+    // Each pass skips at least one more entry, so the passes are bounded by
+    // the entries; the cap only bounds the work on a text full of problems.
+    const MAX_PASSES: usize = 64;
+    let mut skip = HashSet::new();
+    let mut pass = 0;
+    loop {
+        let this = Problems { list: RefCell::default(), skip: skip.clone() };
+        let result = from_node::<T>(node, &this);
+        let mut grew = false;
+        for r in this.list.into_inner() {
+            let mut list = problems.list.borrow_mut();
+            if !r.cascade && !list.iter().any(|o| o.problem == r.problem) {
+                list.push(Recorded { entry: 0, ..r });
+            }
+            grew |= r.entry != 0 && skip.insert(r.entry);
+        }
+        pass += 1;
+        if !grew || pass == MAX_PASSES {
+            return result;
+        }
+    }
 }
 
 /// Parses and deserializes a whole text, failing with its first problem.
@@ -102,6 +163,8 @@ struct De<'de, 'p> {
     problems: &'p Problems,
     /// Where the node is, for messages: `roles.staff.allow[0].uri: …` (as `yaml_serde` says it).
     path: Path<'p>,
+    /// The mapping entry the node is in or under (see [`Recorded::entry`]).
+    entry: usize,
 }
 
 /// The keys and indices leading to a node.
@@ -131,13 +194,19 @@ impl De<'_, '_> {
     }
 
     fn locate_at(&self, e: &mut Error, pos: Pos) {
+        self.locate_in(e, pos, self.entry);
+    }
+
+    /// Locates and records an error, which skipping `entry` gets past.
+    fn locate_in(&self, e: &mut Error, pos: Pos, entry: usize) {
         if !e.recorded {
             e.pos.get_or_insert(pos);
             e.recorded = true;
             if !matches!(self.path, Path::Root) {
                 e.message = format!("{}: {}", self.path, e.message);
             }
-            self.problems.0.borrow_mut().push(Problem { pos: e.pos, message: e.message.clone() });
+            let problem = Problem { pos: e.pos, message: e.message.clone() };
+            self.problems.list.borrow_mut().push(Recorded { problem, entry, cascade: e.cascade });
         }
     }
 
@@ -262,7 +331,12 @@ impl<'de> Deserializer<'de> for De<'de, '_> {
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
         match &self.node.kind {
             Kind::Seq(items) => {
-                let items = Items { items: items.iter().enumerate(), problems: self.problems, path: self.path };
+                let items = Items {
+                    items: items.iter().enumerate(),
+                    problems: self.problems,
+                    path: self.path,
+                    entry: self.entry,
+                };
                 visitor.visit_seq(items).map_err(|e| self.locate(e))
             }
             _ => self.invalid(&visitor),
@@ -289,6 +363,8 @@ impl<'de> Deserializer<'de> for De<'de, '_> {
                     entries: entries.iter(),
                     value: None,
                     key_pos: None,
+                    last_key: None,
+                    skipped: Vec::new(),
                     problems: self.problems,
                     path: self.path,
                 };
@@ -296,7 +372,16 @@ impl<'de> Deserializer<'de> for De<'de, '_> {
                 // An error the visitor raises itself (a repeated or missing
                 // field) belongs to the key it read last, else to the mapping.
                 r.map_err(|mut e| {
-                    self.locate_at(&mut e, access.key_pos.unwrap_or(self.node.pos));
+                    let pos = access.key_pos.unwrap_or(self.node.pos);
+                    match e.missing {
+                        // Missing: the mapping is at fault; missing because its entry was skipped: a cascade.
+                        Some(field) => {
+                            e.cascade = access.skipped.contains(&field);
+                            self.locate_at(&mut e, pos);
+                        }
+                        // Repeated: the entry read last.
+                        None => self.locate_in(&mut e, pos, access.last_key.unwrap_or(self.entry)),
+                    }
                     e
                 })
             }
@@ -342,6 +427,8 @@ struct Items<'de, 'p> {
     items: std::iter::Enumerate<std::slice::Iter<'de, Node<'de>>>,
     problems: &'p Problems,
     path: Path<'p>,
+    /// A list's items are not skipped one by one (callers find an item's node by its index): the list's entry is.
+    entry: usize,
 }
 
 impl<'de> SeqAccess<'de> for Items<'de, '_> {
@@ -350,7 +437,7 @@ impl<'de> SeqAccess<'de> for Items<'de, '_> {
         match self.items.next() {
             Some((i, node)) => {
                 let path = Path::Index(&self.path, i);
-                seed.deserialize(De { node, problems: self.problems, path }).map(Some)
+                seed.deserialize(De { node, problems: self.problems, path, entry: self.entry }).map(Some)
             }
             None => Ok(None),
         }
@@ -364,6 +451,10 @@ struct Entries<'de, 'p> {
     entries: std::slice::Iter<'de, (Node<'de>, Node<'de>)>,
     value: Option<(&'de Node<'de>, &'de Node<'de>)>,
     key_pos: Option<Pos>,
+    /// The address of the key read last.
+    last_key: Option<usize>,
+    /// The keys of the entries skipped (see [`Problems::skip`]).
+    skipped: Vec<&'de str>,
     problems: &'p Problems,
     path: Path<'p>,
 }
@@ -371,19 +462,24 @@ struct Entries<'de, 'p> {
 impl<'de> MapAccess<'de> for &mut Entries<'de, '_> {
     type Error = Error;
     fn next_key_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, Error> {
-        match self.entries.next() {
-            Some((key, value)) => {
-                self.value = Some((key, value));
-                self.key_pos = Some(key.pos);
-                seed.deserialize(De { node: key, problems: self.problems, path: self.path }).map(Some)
+        for (key, value) in self.entries.by_ref() {
+            let skip = &self.problems.skip;
+            if !skip.is_empty() && (skip.contains(&addr(key)) || skip.contains(&addr(value))) {
+                self.skipped.extend(key.as_str());
+                continue;
             }
-            None => Ok(None),
+            self.value = Some((key, value));
+            self.key_pos = Some(key.pos);
+            self.last_key = Some(addr(key));
+            let de = De { node: key, problems: self.problems, path: self.path, entry: addr(key) };
+            return seed.deserialize(de).map(Some);
         }
+        Ok(None)
     }
     fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, Error> {
         let (key, node) = self.value.take().ok_or_else(|| de::Error::custom("a value was asked for before its key"))?;
         let path = Path::Key(&self.path, key.as_str().unwrap_or("?"));
-        seed.deserialize(De { node, problems: self.problems, path })
+        seed.deserialize(De { node, problems: self.problems, path, entry: addr(node) })
     }
     fn size_hint(&self) -> Option<usize> {
         Some(self.entries.len())

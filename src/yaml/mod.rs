@@ -35,6 +35,7 @@ use std::borrow::Cow;
 use serde::de::Unexpected;
 
 mod deser;
+mod flow;
 #[cfg(test)]
 mod tests;
 mod tree;

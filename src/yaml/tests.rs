@@ -51,7 +51,9 @@ fn check(text: &str) {
         Ok(Some(root)) => {
             let problems = Problems::default();
             let _ = from_node::<Anything>(&root, &problems);
-            for p in problems.into_vec() {
+            let all = Problems::default();
+            let _ = from_node_all::<Anything>(&root, &all);
+            for p in problems.into_vec().into_iter().chain(all.into_vec()) {
                 let pos = p.pos.expect("a deserialization problem is located");
                 assert!(pos.line >= 1 && pos.line <= lines + 1, "{pos:?} outside {lines} lines: {text:?}");
             }
@@ -134,4 +136,59 @@ fn scalars_resolve_like_yaml_serde_and_every_error_is_located() {
     assert_eq!(at, [(1, 9), (2, 6), (3, 1)], "{problems:?}");
     assert!(problems[2].message.contains("thing `x` is defined twice"), "{problems:?}");
     assert!(all.is_err());
+}
+
+#[derive(serde::Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code, reason = "only deserialized")]
+struct Section {
+    a: Option<u64>,
+    b: Option<bool>,
+    need: String,
+    list: Option<Vec<u64>>,
+    inner: Option<Thing>,
+}
+
+/// Past a struct's first bad field: every bad field of one section is
+/// reported, each where it is, once; a field missing only because its bad
+/// entry was skipped is no problem, a field missing in the text is.
+#[test]
+fn every_bad_field_of_a_struct_is_reported_not_only_the_first() {
+    let src = "a: x\ncolour: red\nb: maybe\nneed: ok\nlist: [1, two, 3]\ninner: { n: z, s: fine, extra: 1 }\n";
+    let root = parse(src).unwrap().unwrap();
+    // One pass stops at the first.
+    let once = Problems::default();
+    assert!(from_node::<Section>(&root, &once).is_err());
+    assert_eq!(once.into_vec().len(), 1);
+    let problems = Problems::default();
+    let _ = from_node_all::<Section>(&root, &problems);
+    let problems = problems.into_vec();
+    let at: Vec<(usize, usize)> = problems.iter().map(|p| p.pos.map_or((0, 0), |p| (p.line, p.column))).collect();
+    assert_eq!(at, [(1, 4), (2, 1), (3, 4), (5, 11), (6, 13), (6, 25)], "{problems:?}");
+    assert!(problems[1].message.contains("unknown field `colour`"), "{problems:?}");
+    assert!(problems.iter().all(|p| !p.message.contains("missing")), "{problems:?}");
+    // `need` skipped for its bad value: no "missing field"; absent from the text: one.
+    let root = parse("need: [x]\n").unwrap().unwrap();
+    let problems = Problems::default();
+    let _ = from_node_all::<Section>(&root, &problems);
+    assert_eq!(problems.into_vec().len(), 1);
+    let root = parse("a: 1\n").unwrap().unwrap();
+    let problems = Problems::default();
+    let _ = from_node_all::<Section>(&root, &problems);
+    let problems = problems.into_vec();
+    assert!(problems.len() == 1 && problems[0].message.contains("missing field `need`"), "{problems:?}");
+}
+
+/// The flow check: the issue's fixture is reported on its line, at the brace.
+#[test]
+fn a_wrong_closing_bracket_is_reported_where_it_is() {
+    let src = "roles:\n  staff:\n    allow:\n      - { server: acc, uri: \"acc://x\" }\n\n      - { server: acc, uri: [\"acc://public/**\" }\n  other:\n    allow: []\n";
+    let e = parse(src).unwrap_err();
+    assert_eq!(e.pos, Some(Pos { line: 6, column: 48 }), "{e:?}");
+    assert!(e.message.starts_with("expected ',' or ']', but got '}'"), "{e:?}");
+    // The last line too, and a mapping closed by `]`.
+    let e = parse("a: {b: [1, 2}\n").unwrap_err();
+    assert_eq!(e.pos, Some(Pos { line: 1, column: 13 }), "{e:?}");
+    let e = parse("a: [{b: 1]\n").unwrap_err();
+    assert!(e.message.starts_with("expected ',' or '}', but got ']'"), "{e:?}");
 }

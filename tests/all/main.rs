@@ -12,6 +12,7 @@ mod audit;
 mod bench;
 mod cache;
 mod chatbot;
+mod check;
 mod cli;
 mod clients;
 mod common;

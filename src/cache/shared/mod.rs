@@ -64,6 +64,7 @@ use scripts::{CLAIM, STORE, STORE_DERIVED, UNLOCK};
 
 mod commands;
 use commands::Commands;
+pub(crate) use commands::ping;
 
 mod keys;
 use keys::{Keys, digest, identity, now_ms};
@@ -188,25 +189,7 @@ impl SharedCache {
     pub(crate) fn start(config: &Config, remote: mpsc::UnboundedSender<Remote>) -> Result<Arc<Self>> {
         let settings = config.cache.clone();
         let redacted_url = redact_url(settings.url.expose_secret());
-        let config_error = |message: String| Error::Config {
-            path: config.path.clone(),
-            line: None,
-            column: None,
-            message,
-            more: Vec::new(),
-        };
-        let client = match &settings.ca_file {
-            None => redis::Client::open(settings.url.expose_secret()),
-            Some(f) => {
-                let pem = std::fs::read(f)
-                    .map_err(|e| config_error(format!("cache.ca_file `{}`: cannot read it: {e}", f.display())))?;
-                redis::Client::build_with_tls(
-                    settings.url.expose_secret(),
-                    redis::TlsCertificates { client_tls: None, root_cert: Some(pem) },
-                )
-            }
-        }
-        .map_err(|e| config_error(format!("cache.url `{redacted_url}`: {e}")))?;
+        let client = commands::client(&settings, &config.path)?;
         let commands = Commands {
             client: client.clone(),
             config: redis::AsyncConnectionConfig::new()
