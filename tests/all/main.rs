@@ -17,6 +17,7 @@ mod common;
 mod edges;
 mod faults;
 mod gate;
+mod gemini;
 mod hardening;
 mod hosts;
 mod hub;
