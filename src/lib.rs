@@ -110,7 +110,7 @@ pub mod settings {
     pub use crate::compose::{DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
     #[cfg(feature = "jwt")]
     pub use crate::config::JwtConfig;
-    pub use crate::config::{AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM};
+    pub use crate::config::{AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_GEMINI_UPSTREAM, GeminiSettings};
     pub use crate::config::{
         AuditSettings, AuditSink, DEFAULT_AUDIT_BATCH, DEFAULT_AUDIT_FILE_KEEP, DEFAULT_AUDIT_FILE_MAX_BYTES,
         DEFAULT_AUDIT_QUEUE, DEFAULT_AUDIT_SCHEMA, DEFAULT_AUDIT_TABLE,

@@ -58,6 +58,25 @@ impl UserTurns {
         self.push(&mut serde_json::Deserializer::from_str(message));
     }
 
+    /// One Gemini `contents` item given as JSON text: a user turn (`role`
+    /// `user`, or none) and the `text` of its `parts` joined by a newline.
+    #[cfg(feature = "serve")]
+    pub(crate) fn push_gemini_json(&mut self, content: &str) {
+        #[derive(serde::Deserialize)]
+        struct GeminiTurn<'a> {
+            #[serde(borrow)]
+            role: Option<MaybeStr<'a>>,
+            parts: Option<GeminiParts>,
+        }
+        let Ok(turn) = serde_json::from_str::<GeminiTurn<'_>>(content) else { return };
+        if turn.role.is_some_and(|r| r.0.as_deref() != Some("user")) {
+            return;
+        }
+        if let Some(GeminiParts(Some(text))) = turn.parts {
+            self.push_text(text);
+        }
+    }
+
     fn push_text(&mut self, text: TurnText) {
         if text.blank {
             return;
@@ -284,6 +303,38 @@ impl<'de> Deserialize<'de> for Content {
     }
 }
 
+/// A Gemini turn's `parts`: the `text` of each part that has one.
+#[cfg(feature = "serve")]
+struct GeminiParts(Option<TurnText>);
+
+#[cfg(feature = "serve")]
+impl<'de> Deserialize<'de> for GeminiParts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct GeminiPart<'a> {
+            #[serde(borrow)]
+            text: Option<MaybeStr<'a>>,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = GeminiParts;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of parts")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<GeminiParts, A::Error> {
+                let mut t = Tail::default();
+                while let Some(part) = seq.next_element::<Option<GeminiPart<'de>>>()? {
+                    if let Some(text) = part.and_then(|p| p.text).and_then(|t| t.0) {
+                        t.push(&text);
+                    }
+                }
+                Ok(GeminiParts(t.finish()))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
 /// A content part: its text when it is a `text` or `input_text` part.
 #[derive(Default)]
 struct Part<'a>(Option<Cow<'a, str>>);
@@ -329,6 +380,23 @@ mod tests {
             turns.push_json(&m.to_string());
         }
         turns.query()
+    }
+
+    #[cfg(feature = "serve")]
+    #[test]
+    fn gemini_user_turns_are_their_parts_text_and_others_are_skipped() {
+        let mut turns = UserTurns::default();
+        for c in [
+            json!({"role": "user", "parts": [{"text": "first"}]}),
+            json!({"role": "model", "parts": [{"text": "answer"}]}),
+            json!({"parts": [{"text": "second"}, {"inlineData": {"mimeType": "image/png", "data": "AA=="}}, {"text": "more"}]}),
+            json!({"role": "user", "parts": [{"text": "  "}]}),
+            json!({"role": "user", "parts": "not a list"}),
+        ] {
+            turns.push_gemini_json(&c.to_string());
+        }
+        let want = Query::from_user_turns(["second\nmore", "first"].into_iter().map(Cow::Borrowed));
+        assert_eq!(turns.query().map(|q| q.key()), want.map(|q| q.key()));
     }
 
     #[test]

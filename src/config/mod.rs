@@ -41,6 +41,7 @@ mod servers;
 mod telemetry;
 #[cfg(test)]
 mod tests;
+mod vendors;
 
 use std::path::{Path, PathBuf};
 
@@ -64,12 +65,13 @@ use self::env::Expander;
 pub use self::jwt::JwtConfig;
 use self::serve::RawServe;
 pub use self::serve::{
-    AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_FIELDS,
-    DEFAULT_UPSTREAM, KeyDigest, PassthroughRule, ServeSettings, UpstreamUser,
+    DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_FIELDS, DEFAULT_UPSTREAM, KeyDigest, PassthroughRule,
+    ServeSettings, UpstreamUser,
 };
 use self::servers::RawServer;
 pub use self::servers::{Protocol, ServerConfig, Transport};
 pub use self::telemetry::{DEFAULT_SERVICE_NAME, TelemetrySettings};
+pub use self::vendors::{AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_GEMINI_UPSTREAM, GeminiSettings};
 use crate::error::{Error, Result};
 pub(crate) use crate::mode::SelectMode;
 use crate::yaml::{self, Lenient, Node, OrderedMap, Pos, Problems};

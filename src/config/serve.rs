@@ -11,6 +11,8 @@ use serde::Deserialize;
 
 use super::config_error;
 use super::env::{expand_vars, unexpanded};
+use super::vendors::{AnthropicSettings, GeminiSettings};
+use super::vendors::{RawAnthropic, RawGemini};
 use crate::error::Error;
 use crate::id::user_name_problem;
 use crate::yaml::{self, Node, Pos};
@@ -51,16 +53,9 @@ pub(super) struct RawServe {
     stored_retention_days: Option<u64>,
     max_stored_records: Option<usize>,
     anthropic: Option<RawAnthropic>,
+    gemini: Option<RawGemini>,
     jwt: Option<super::jwt::RawJwt>,
     public_url: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAnthropic {
-    upstream: Option<String>,
-    api_key: Option<String>,
-    select: Option<crate::mode::SelectMode>,
 }
 
 #[derive(Deserialize)]
@@ -74,8 +69,6 @@ struct RawKey {
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 /// The upstream when neither the config, `--upstream` nor `$OPENAI_BASE_URL` names one.
 pub const DEFAULT_UPSTREAM: &str = "https://api.openai.com/v1";
-/// The Messages API upstream when `serve.anthropic.upstream` names none.
-pub const DEFAULT_ANTHROPIC_UPSTREAM: &str = "https://api.anthropic.com/v1";
 /// Default `serve.max_body_bytes` (10 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 10 << 20;
 /// Default `serve.max_body_fields`: an API request has a few dozen.
@@ -233,6 +226,8 @@ pub struct ServeSettings {
     /// `serve.anthropic`: the Messages API route (`POST /v1/messages`);
     /// `None`: that route answers 404.
     pub anthropic: Option<AnthropicSettings>,
+    /// `serve.gemini`: Gemini's `generateContent` routes; `None`: they answer 404.
+    pub gemini: Option<GeminiSettings>,
     /// `serve.jwt`: bearer tokens that are JWTs are verified against this
     /// issuer's keys; `None`: a JWT bearer is treated like any other key.
     #[cfg(feature = "jwt")]
@@ -241,21 +236,6 @@ pub struct ServeSettings {
     /// redirect URI of `auth: { type: oauth }` servers
     /// (`{public_url}/auth/callback`); `None`: `http://{listen}`.
     pub public_url: Option<String>,
-}
-
-/// `serve.anthropic`: where `POST /v1/messages` goes, with which key, and
-/// how its context is chosen.
-#[derive(Clone, Debug)]
-pub struct AnthropicSettings {
-    /// Base URL ending before `/messages` (default [`DEFAULT_ANTHROPIC_UPSTREAM`]).
-    pub upstream: String,
-    /// Sent upstream as `x-api-key` (unless `serve.forward_authorization`,
-    /// where the caller's own `x-api-key` or `Authorization` goes instead).
-    pub api_key: Option<SecretString>,
-    /// How this route chooses resources (default `priority`: the block then
-    /// depends only on the user, the policy and the resources, so it stays
-    /// byte-identical turn after turn and the prompt cache after it holds).
-    pub select: crate::mode::SelectMode,
 }
 
 impl Default for ServeSettings {
@@ -289,6 +269,7 @@ impl Default for ServeSettings {
             stored_retention: Duration::from_secs(30 * 24 * 3600),
             max_stored_records: 200_000,
             anthropic: None,
+            gemini: None,
             #[cfg(feature = "jwt")]
             jwt: None,
         }
@@ -448,36 +429,15 @@ pub(super) fn settings(
             Err(m) => fail(err_at(rule_nodes.get(i).map_or(node.pos, |n| n.pos), format!("serve.passthrough: {m}"))),
         }
     }
-    let anthropic = raw.anthropic.as_ref().map(|a| {
-        let at = |k: &str| node.get("anthropic").and_then(|n| n.get(k)).map_or(node.pos, |n| n.pos);
-        let expand_at = |k: &str, v: &str| {
-            expand_vars(v, env)
-                .map_err(|token| err_at(at(k), format!("serve.anthropic.{k}: {}", unexpanded(&token))))
-                .unwrap_or_else(|e| {
-                    fail(e);
-                    String::new()
-                })
-        };
-        let upstream = a.upstream.as_deref().map(|u| expand_at("upstream", u));
-        let upstream = upstream.unwrap_or_else(|| DEFAULT_ANTHROPIC_UPSTREAM.to_owned());
-        if !(upstream.is_empty() || upstream.starts_with("http://") || upstream.starts_with("https://")) {
-            fail(err_at(at("upstream"), "serve.anthropic.upstream must start with http:// or https://".into()));
-        }
-        let api_key = a.api_key.as_deref().map(|k| expand_at("api_key", k));
-        if raw.forward_authorization && api_key.is_some() {
-            fail(err_at(
-                at("api_key"),
-                "serve: `forward_authorization: true` sends the caller's own key upstream, and \
-                 `anthropic.api_key` gives another; keep one"
-                    .into(),
-            ));
-        }
-        AnthropicSettings {
-            upstream,
-            api_key: api_key.map(SecretString::from),
-            select: a.select.unwrap_or(crate::mode::SelectMode::Priority),
-        }
-    });
+    let vendors = super::vendors::Check {
+        node,
+        err_at: &err_at,
+        fail: &fail,
+        env,
+        forward_authorization: raw.forward_authorization,
+    };
+    let anthropic = vendors.anthropic(raw.anthropic.as_ref());
+    let gemini = vendors.gemini(raw.gemini.as_ref());
     let upstream_user = raw.upstream_user.unwrap_or_default();
     let pseudonym_key = expand_or_fail("pseudonym_key", raw.pseudonym_key.as_deref());
     if upstream_user == UpstreamUser::Pseudonym && pseudonym_key.as_deref().is_none_or(|k| k.len() < 16) {
@@ -590,6 +550,7 @@ pub(super) fn settings(
             d.max_stored_records as u64,
         ) as usize,
         anthropic,
+        gemini,
         #[cfg(feature = "jwt")]
         jwt,
     };

@@ -156,6 +156,25 @@ mod loading {
     }
 
     #[test]
+    fn serve_gemini_section() {
+        let c = load("serve:\n  gemini:\n    api_key: ${TOKEN}\n").unwrap();
+        let g = c.serve.gemini.as_ref().unwrap();
+        assert_eq!(g.upstream, DEFAULT_GEMINI_UPSTREAM);
+        assert_eq!(g.api_key.as_ref().map(|k| k.expose_secret()), Some("s3cr3t"));
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+        assert!(load("servers: {}\n").unwrap().serve.gemini.is_none());
+        for (src, at, text) in [
+            ("serve:\n  gemini:\n    upstream: ftp://x\n", ":3:15", "serve.gemini.upstream must start with http"),
+            ("serve:\n  gemini:\n    api_key: ${NOPE}\n", ":3:14", "`NOPE` is not set"),
+            ("serve:\n  gemini:\n    select: priority\n", ":3", "unknown field `select`"),
+            ("serve:\n  forward_authorization: true\n  gemini:\n    api_key: k\n", ":4:14", "`gemini.api_key`"),
+        ] {
+            let e = load(src).unwrap_err().to_string();
+            assert!(e.contains(at) && e.contains(text), "{src:?}: {e}");
+        }
+    }
+
+    #[test]
     fn serve_errors_name_file_and_line() {
         let cases = [
             ("serve:\n  listen: x\n  upstream_key: y\n", "3:3", "unknown field `upstream_key`"),

@@ -55,11 +55,13 @@ pub(crate) enum MessageForm {
     SystemBlockCached,
     /// The same with `ttl: "1h"`.
     SystemBlockCachedHour,
+    /// A Gemini `systemInstruction` part `{"text"}`, its text fenced.
+    GeminiPart,
 }
 
 #[cfg(feature = "serve")]
 impl MessageForm {
-    const COUNT: usize = 4;
+    const COUNT: usize = 5;
 }
 
 impl ContextMessage {

@@ -29,7 +29,7 @@ impl Options {
 /// against `serve.allowed_hosts` when it is set (else any is accepted). The
 /// engine is shared: close it ([`McpContext::close`]) when the app stops.
 pub struct Proxy {
-    state: Shared,
+    pub(super) state: Shared,
 }
 
 impl Proxy {
@@ -132,6 +132,7 @@ fn app_state(
     Ok(Arc::new(AppState {
         jwt: verifier(&ctx, config, &settings)?,
         anthropic: anthropic(&settings)?,
+        gemini: super::gemini::GeminiApi::new(&settings)?,
         ctx,
         bodies: Budget::new(settings.max_inflight_body_bytes),
         unidentified: Budget::new(settings.max_unidentified_body_bytes),

@@ -1,16 +1,18 @@
-//! `mcp-context serve`: an OpenAI-compatible proxy. Point any OpenAI client's
-//! base URL here; every chat-completions or Responses request gets the
-//! caller's policy-filtered, budgeted context (one message at index 0, or
-//! ahead of the caller's `instructions`) and goes on to the upstream; the
-//! answer, streamed or not, comes back unchanged.
+//! `mcp-context serve`: an OpenAI-compatible proxy (and Anthropic's Messages
+//! API, and Gemini's). Point any OpenAI client's base URL here; every
+//! chat-completions or Responses request gets the caller's policy-filtered,
+//! budgeted context (one message at index 0, or ahead of the caller's
+//! `instructions`) and goes on to the upstream; the answer, streamed or not,
+//! comes back unchanged.
 //!
 //! A library module behind the default `serve` feature, so that the bare
 //! library stays free of an HTTP server: `mcp-context serve` runs it
 //! ([`run`]), and an application mounts it in its own axum app ([`Proxy`]:
 //! its [`Proxy::router`] is an axum `Router`, a `tower::Service`). Here: the
 //! router, the state and the process lifecycle (signals, shutdown, reload);
-//! beside it `identity` (who is calling), `relay` (the upstream side),
-//! `metrics`, `error` (our errors in OpenAI's shape).
+//! beside it `pipeline` (the one injection path) and its adapters, one per
+//! wire API (`openai`, `messages`, `gemini`), `identity` (who is calling),
+//! `relay` (the upstream side), `metrics`, `error` (our errors in OpenAI's shape).
 //!
 //! Layer: the proxy, above everything else of the crate; it may import
 //! any module below it, and only the CLI imports it.
@@ -35,38 +37,42 @@ mod body;
 mod connect;
 mod created;
 mod error;
+mod gemini;
 mod identity;
 mod listen;
 mod messages;
 mod metrics;
+mod openai;
 mod owners;
 mod path;
+mod pipeline;
 mod relay;
 mod routes;
 mod status;
 mod usage;
+mod vendor;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
-use crate::settings::{ServeSettings, UpstreamUser};
-use crate::{Config, ContextRequest, McpContext, Policy};
+use crate::settings::ServeSettings;
+use crate::{Config, McpContext, Policy};
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
-use self::body::{Budget, JsonObject, raw};
+use self::body::{Budget, JsonObject};
 use self::error::ApiError;
-use self::identity::{FromHeaders, Source};
+use self::identity::FromHeaders;
+use self::messages::Endpoint;
 use self::metrics::Metrics;
-use self::owners::{Owners, Verdict};
+use self::owners::Owners;
 use self::path::Canonical;
+use self::pipeline::{caller, owned};
 use self::relay::{Outgoing, Upstream};
 use self::routes::{NoRoute, Route, Stored};
 
@@ -94,6 +100,8 @@ struct AppState {
     hosts: Option<Vec<String>>,
     /// The Messages API upstream (`serve.anthropic`), if configured.
     anthropic: Option<messages::Anthropic>,
+    /// Gemini's upstream (`serve.gemini`), if configured.
+    gemini: Option<gemini::GeminiApi>,
     /// `serve.jwt`: the verifier of JWT bearers.
     jwt: Option<crate::identity::JwtVerifier>,
     /// The authorization code flows of `auth: { type: oauth }` servers
@@ -104,13 +112,6 @@ struct AppState {
 }
 
 type Shared = Arc<AppState>;
-
-/// Which injection a route does.
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    Chat,
-    Responses,
-}
 
 /// Whether the request's `Host` (HTTP/1) or authority (HTTP/2) is one the
 /// proxy answers to: a web page that rebinds its own name to 127.0.0.1
@@ -186,12 +187,16 @@ async fn handle(
     match decided {
         // Under /v1/messages our refusals speak Anthropic's error shape.
         Err((label, e)) if messages::claims(req.uri().path()) => (label, messages::error_response(e)),
+        Err((label, e)) if gemini::claims(req.uri().path()) => (label, gemini::error_response(e)),
         Err((label, e)) => (label, e.into_response()),
         Ok(route) => {
             let label = route.label();
             // Injecting routes get their ids now: the record reads them, and every event of the request is
             // logged in the span that carries them.
-            if matches!(route, Route::Chat | Route::Responses | Route::Messages | Route::CountTokens) {
+            if matches!(
+                route,
+                Route::Chat | Route::Responses | Route::Messages | Route::CountTokens | Route::Gemini { .. }
+            ) {
                 let ids = audit::Ids::of(req.headers());
                 tracing::Span::current()
                     .record("request_id", ids.request_id.as_str())
@@ -200,13 +205,23 @@ async fn handle(
             }
             let r = async {
                 match route {
-                    Route::Chat => inject_and_forward(&state, req, Kind::Chat).await,
-                    Route::Responses => inject_and_forward(&state, req, Kind::Responses).await,
+                    Route::Chat => Ok(pipeline::run(&state, req, label, &openai::Chat).await),
+                    Route::Responses => Ok(pipeline::run(&state, req, label, &openai::Responses).await),
                     Route::CreateConversation => relay_other(&state, req, Some(Stored::Conversation)).await,
                     Route::StoredObject { kind, id } => stored_object(&state, req, kind, &id).await,
                     Route::Passthrough => relay_other(&state, req, None).await,
-                    Route::Messages => Ok(messages::handle(&state, req, messages::Endpoint::Messages).await),
-                    Route::CountTokens => Ok(messages::handle(&state, req, messages::Endpoint::CountTokens).await),
+                    Route::Messages => {
+                        let api = messages::Messages { api: state.anthropic.as_ref(), endpoint: Endpoint::Messages };
+                        Ok(pipeline::run(&state, req, label, &api).await)
+                    }
+                    Route::CountTokens => {
+                        let api = messages::Messages { api: state.anthropic.as_ref(), endpoint: Endpoint::CountTokens };
+                        Ok(pipeline::run(&state, req, label, &api).await)
+                    }
+                    Route::Gemini { version, method } => {
+                        let api = gemini::Gemini { api: state.gemini.as_ref(), version, method };
+                        Ok(pipeline::run(&state, req, label, &api).await)
+                    }
                     Route::Root => Ok(axum::http::StatusCode::OK.into_response()),
                     Route::Health => Ok("ok\n".into_response()),
                     Route::Ready => Ok(status::readyz(&state)),
@@ -224,7 +239,7 @@ async fn handle(
 /// The route, or the refusal with its metrics label.
 fn decide(state: &AppState, req: &Request) -> Result<Route, (&'static str, ApiError)> {
     let path = Canonical::parse(req.uri().path()).map_err(|e| ("refused", e))?;
-    if path.segments().first() == Some(&"v1") && !host_allowed(&state.hosts, req) {
+    if matches!(path.segments().first(), Some(&("v1" | "v1beta"))) && !host_allowed(&state.hosts, req) {
         return Err((
             "refused",
             ApiError::bad_request(
@@ -260,7 +275,12 @@ fn json_content_type(req: &Request, route: &Route) -> Result<(), ApiError> {
     let must = has_body
         || matches!(
             route,
-            Route::Chat | Route::Responses | Route::CreateConversation | Route::Messages | Route::CountTokens
+            Route::Chat
+                | Route::Responses
+                | Route::CreateConversation
+                | Route::Messages
+                | Route::CountTokens
+                | Route::Gemini { .. }
         );
     if !must {
         return Ok(());
@@ -279,267 +299,6 @@ fn json_content_type(req: &Request, route: &Route) -> Result<(), ApiError> {
             "The request body must be sent as `Content-Type: application/json`",
         )),
     }
-}
-
-/// Who is calling, from the headers (a JWT bearer verified first, with
-/// `serve.jwt`), and the body budgets that caller draws on; in the span
-/// `mcp_context.identity`.
-async fn caller<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<(FromHeaders, Vec<&'a Budget>), ApiError> {
-    let span = crate::telemetry::child_span(|| tracing::info_span!("mcp_context.identity"));
-    let verified = identity::verified(state.jwt.as_ref(), headers, |r| state.metrics.auth_failure(r));
-    let who = match tracing::Instrument::instrument(verified, span.clone()).await? {
-        Some(id) => FromHeaders::User(id),
-        None => span.in_scope(|| identity::from_headers(&state.settings, headers))?,
-    };
-    let budgets = match &who {
-        FromHeaders::User(id) if matches!(id.source, Source::Key | Source::Header | Source::Jwt) => vec![&state.bodies],
-        _ => vec![&state.bodies, &state.unidentified],
-    };
-    Ok((who, budgets))
-}
-
-/// Identifies the caller from the headers (before any body is read), reads
-/// the body within its limits, injects the context by the library's rules
-/// into the fields we own, forwards, relays, and records what the upstream
-/// stored for the caller.
-async fn inject_and_forward(state: &Shared, req: Request, kind: Kind) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
-    let (who, budgets) = caller(state, &parts.headers).await?;
-    let s = &state.settings;
-    let read = body::read(&parts.headers, body, s.max_body_bytes, s.body_timeout, &budgets).await?;
-    let mut obj = JsonObject::parse(&read.bytes, s.max_body_fields)?;
-    let who = match who {
-        FromHeaders::User(who) => who,
-        FromHeaders::Body => identity::from_body(s, Some(&obj))?,
-    };
-    let prepared = match &state.flows {
-        Some(f) => f.prepare(&who).await,
-        None => crate::credentials::Prepared::default(),
-    };
-    let user = who.user.clone();
-    // The turns the question is taken from, read one at a time and never
-    // built (a list of any length costs a few words per run and the query's
-    // tail); the caller's chat messages go on as runs of the body's bytes.
-    let mut turns = crate::compose::UserTurns::default();
-    let mut runs = None;
-    match kind {
-        Kind::Chat => {
-            let missing = || ApiError::bad_request("missing_messages", "The body needs a `messages` array");
-            let messages = obj.sent("messages").ok_or_else(missing)?;
-            let mut kept = body::Runs::new(messages);
-            body::each_item(messages, |m| {
-                let ours = is_ours(m);
-                if !ours {
-                    turns.push_json(m.get());
-                }
-                kept.push(m, !ours);
-            })
-            .ok_or_else(missing)?;
-            runs = Some(kept);
-        }
-        Kind::Responses => match obj.sent("input").filter(|i| i.get() != "null") {
-            Some(i) if i.get().starts_with('"') => {
-                let text = serde_json::from_str::<String>(i.get()).unwrap_or_default();
-                turns = crate::compose::UserTurns::of_text(text);
-            }
-            Some(i) => {
-                let _ = body::each_item(i, |item| turns.push_json(item.get()));
-            }
-            None => return Err(ApiError::bad_request("missing_input", "The body needs an `input`")),
-        },
-    }
-    if kind == Kind::Responses {
-        check_continuation(state, &obj, &user).await?;
-    }
-
-    let started = Instant::now();
-    let mut request = ContextRequest::for_user(user.clone()).with_identity(&who);
-    request.model = obj.str_field("model").filter(|m| !m.is_empty());
-    // Relevance mode ranks by the conversation: the latest user turn, earlier
-    // ones with less weight, exactly as the library's typed `inject`.
-    let query = turns.query();
-    drop(turns);
-    let (message, mut report) = state.ctx.build_unaudited(&request, query).await.map_err(|e| {
-        tracing::error!(user = ?request.user, "context could not be built: {e}");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            "context_failed",
-            format!("The context could not be built: {e}"),
-        )
-    })?;
-    prepared.note(&mut report);
-    let route = match kind {
-        Kind::Chat => "/v1/chat/completions",
-        Kind::Responses => "/v1/responses",
-    };
-    let ids = parts.extensions.get::<audit::Ids>();
-    let pending = audit::begin(&state.ctx, ids, route, who.source, &report, message.as_ref());
-    let content = message.as_ref().map(|m| m.content.as_str());
-    if kind == Kind::Responses {
-        set_instructions(&mut obj, content)?;
-    }
-    name_upstream_user(s, &mut obj, &user);
-    state.metrics.injection(&report, started.elapsed().as_secs_f64());
-    if let Some(f) = &state.flows {
-        f.after_refusals(&user, &report).await;
-    }
-    tracing::info!(report = %serde_json::to_string(&report).unwrap_or_default(), "injected");
-    let stores = match kind {
-        Kind::Chat => obj.get("store").is_some_and(|v| v.get() == "true"),
-        Kind::Responses => obj.get("store").is_none_or(|v| v.get() != "false"),
-    };
-    // Chat: ours first, then the caller's turns but any message of ours they carried back. Ours is made once
-    // per composition (escaping it for every request cost more than the rest of a warm request) and goes into
-    // the body as those very bytes, not copied; the caller's go as slices of the body.
-    let forwarded = match runs {
-        Some(runs) => {
-            let ours = message.as_ref().map(|m| body::Item::Shared(m.chat_json()));
-            let theirs = runs.finish().map(|run| body::Item::Shared(obj.share(run)));
-            reqwest::Body::wrap(obj.to_chunks_with("messages", ours.into_iter().chain(theirs).collect()))
-        }
-        None => reqwest::Body::wrap(obj.to_chunks()),
-    };
-    drop(obj);
-
-    let mut headers = state.upstream.headers_for_upstream(&parts.headers);
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    audit::Ids::propagate(ids, &mut headers);
-    let path: &[&str] = match kind {
-        Kind::Chat => &["chat", "completions"],
-        Kind::Responses => &["responses"],
-    };
-    let label = match kind {
-        Kind::Chat => "/chat/completions",
-        Kind::Responses => "/responses",
-    };
-    let relayed = state
-        .upstream
-        .send(Outgoing { method: Method::POST, path, query: parts.uri.query(), headers, body: forwarded })
-        .await;
-    pending.finish(&state.ctx, relayed.as_ref());
-    let relayed = relayed?;
-    // The body's share of the budget is held until the upstream has it.
-    drop(read);
-    state.metrics.upstream(label, relayed.waited.as_secs_f64());
-    let mut response = relayed.response;
-    if stores {
-        let stored = match kind {
-            Kind::Chat => Stored::ChatCompletion,
-            Kind::Responses => Stored::Response,
-        };
-        response = created::record(response, stored, user, state.owners.clone()).await;
-    }
-    status::report_headers(&mut response, &report);
-    Ok(response)
-}
-
-/// Whether a raw chat message is one we injected (read in place: no field
-/// of it is built but a role or name with escapes).
-fn is_ours(m: &RawValue) -> bool {
-    use crate::compose::MaybeStr;
-    #[derive(serde::Deserialize)]
-    struct Peek<'a> {
-        #[serde(borrow)]
-        role: Option<MaybeStr<'a>>,
-        #[serde(borrow)]
-        name: Option<MaybeStr<'a>>,
-    }
-    serde_json::from_str::<Peek<'_>>(m.get()).is_ok_and(|p| {
-        matches!(p.role.and_then(|r| r.0).as_deref(), Some("system" | "developer"))
-            && p.name.and_then(|n| n.0).as_deref() == Some(crate::inject::MESSAGE_NAME)
-    })
-}
-
-/// Our part of Responses `instructions`, ahead of the caller's string (or
-/// alone when the caller sent none or `null`). Instructions that are not a
-/// string cannot be merged with ours: refused rather than replaced.
-fn set_instructions(obj: &mut JsonObject<'_>, content: Option<&str>) -> Result<(), ApiError> {
-    let existing = match obj.get("instructions") {
-        None => None,
-        Some(v) if v.get() == "null" => None,
-        Some(v) => Some(serde_json::from_str::<String>(v.get()).map_err(|_| {
-            ApiError::bad_request(
-                "unsupported_instructions",
-                "`instructions` must be a string (or absent) for the proxy to put the context ahead of it",
-            )
-        })?),
-    };
-    let had_field = obj.get("instructions").is_some();
-    match crate::inject::compose_instructions(existing.as_deref(), content) {
-        Some(text) => obj.set("instructions", raw(&text)),
-        // Nothing to say, and the caller's own part was empty or only ours: as it was, or removed.
-        None if had_field && existing.as_deref().is_some_and(|e| e.starts_with(crate::inject::INSTRUCTIONS_OPEN)) => {
-            obj.remove("instructions")
-        }
-        None => {}
-    }
-    Ok(())
-}
-
-/// A `previous_response_id` or `conversation` that is not the caller's is
-/// refused like a missing one: otherwise the model would see its turns.
-async fn check_continuation(state: &AppState, obj: &JsonObject<'_>, user: &str) -> Result<(), ApiError> {
-    if let Some(id) = obj.parse_field::<Option<String>>("previous_response_id")?.flatten() {
-        owned(state, Stored::Response, &id, user).await?;
-    }
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum Conversation {
-        Id(String),
-        Object { id: String },
-    }
-    if let Some(c) = obj.parse_field::<Option<Conversation>>("conversation")?.flatten() {
-        let (Conversation::Id(id) | Conversation::Object { id }) = c;
-        owned(state, Stored::Conversation, &id, user).await?;
-    }
-    Ok(())
-}
-
-/// Ok when `user` owns `id`; the 404 of a missing object otherwise.
-async fn owned(state: &AppState, kind: Stored, id: &str, user: &str) -> Result<(), ApiError> {
-    match state.owners.check(kind, id, user).await {
-        Verdict::Owner => Ok(()),
-        Verdict::NotOwner => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "not_found",
-            format!("No {} found with id '{}'.", kind.name(), id.escape_debug()),
-        )),
-        Verdict::Unknown => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "ownership_unavailable",
-            "Whose object this is cannot be checked now (the shared cache is unreachable); retry shortly",
-        )),
-    }
-}
-
-/// The body's `user` and `safety_identifier`, when the caller sent them,
-/// become what `serve.upstream_user` says: never a name the caller chose.
-fn name_upstream_user(s: &ServeSettings, obj: &mut JsonObject<'_>, user: &str) {
-    for k in ["user", "safety_identifier"] {
-        if obj.get(k).is_none() {
-            continue;
-        }
-        match s.upstream_user {
-            UpstreamUser::Identified => obj.set(k, raw(user)),
-            UpstreamUser::Pseudonym => {
-                let key = s.pseudonym_key.as_ref().map_or("", |k| secrecy::ExposeSecret::expose_secret(k));
-                obj.set(k, raw(&pseudonym(key, user)))
-            }
-            UpstreamUser::Drop => obj.remove(k),
-        }
-    }
-}
-
-/// HMAC-SHA256 of the user name under the operator's key, hex: stable per
-/// user, not reversible without the key.
-fn pseudonym(key: &str, user: &str) -> String {
-    use hmac::{KeyInit, Mac};
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).expect("HMAC takes any key");
-    mac.update(user.as_bytes());
-    mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A stored object: relayed only for its owner; anyone else gets the 404 a
@@ -582,7 +341,7 @@ async fn relay_other(state: &Shared, req: Request, created: Option<Stored>) -> R
     let bytes = match (&who, is_json && !read.bytes.is_empty()) {
         (Some(user), true) => {
             let mut obj = JsonObject::parse(&read.bytes, s.max_body_fields)?;
-            name_upstream_user(s, &mut obj, user);
+            openai::name_upstream_user(s, &mut obj, user);
             reqwest::Body::wrap(obj.to_chunks())
         }
         _ => read.bytes.clone().into(),

@@ -35,6 +35,8 @@ const NOT_FORWARDED: &[&str] = &[
     "authorization",
     // A caller's key to this proxy in Anthropic's header: never the upstream's business.
     "x-api-key",
+    // And in Gemini's.
+    "x-goog-api-key",
     // The relay passes bytes through; asking for identity encoding keeps
     // SSE frames readable by the caller whatever it advertised to us.
     "accept-encoding",
@@ -148,6 +150,7 @@ impl Upstream {
     pub(super) async fn send(&self, mut out: Outgoing<'_>) -> Result<Relayed, ApiError> {
         let operation = match out.path {
             ["chat", "completions"] | ["responses"] | ["messages"] => "chat",
+            [_, "models", m] if m.ends_with(":generateContent") || m.ends_with(":streamGenerateContent") => "chat",
             ["embeddings"] => "embeddings",
             _ => "http",
         };

@@ -50,6 +50,13 @@ pub(super) enum Route {
     Messages,
     /// `POST /v1/messages/count_tokens`: injected, so the count includes ours.
     CountTokens,
+    /// `POST /{version}/models/{model}:generateContent` or
+    /// `:streamGenerateContent` (Gemini's API, `v1beta` or `v1`): injected.
+    Gemini {
+        version: &'static str,
+        /// The path's last segment, `{model}:{method}`.
+        method: String,
+    },
     /// An allowlisted endpoint: relayed as it is.
     Passthrough,
     /// `HEAD /`: the reachability probe Claude Code sends first.
@@ -79,6 +86,12 @@ impl Route {
             Route::Passthrough => "/v1/{*rest}",
             Route::Messages => "/v1/messages",
             Route::CountTokens => "/v1/messages/count_tokens",
+            Route::Gemini { version, method } => match (*version, method.ends_with(":streamGenerateContent")) {
+                ("v1", false) => "/v1/models/{model}:generateContent",
+                ("v1", true) => "/v1/models/{model}:streamGenerateContent",
+                (_, false) => "/v1beta/models/{model}:generateContent",
+                (_, true) => "/v1beta/models/{model}:streamGenerateContent",
+            },
             Route::Root => "/",
             Route::Health => "/healthz",
             Route::Ready => "/readyz",
@@ -124,6 +137,12 @@ pub(super) fn route(method: &Method, path: &Canonical, allow: &[PassthroughRule]
         ("POST", ["v1", "messages"]) => return Ok(Route::Messages),
         ("POST", ["v1", "messages", "count_tokens"]) => return Ok(Route::CountTokens),
         ("HEAD", []) => return Ok(Route::Root),
+        ("POST", [v @ ("v1" | "v1beta"), "models", m]) if is_generate(m) => {
+            let version = if *v == "v1" { "v1" } else { "v1beta" };
+            return Ok(Route::Gemini { version, method: (*m).to_owned() });
+        }
+        // The rest of Gemini's API (batches, caches, files, tuned models) is not relayed.
+        (_, ["v1beta", ..]) => return Err(NoRoute::Unknown),
         // Batches and anything else under it would reach the model without
         // the context: never opened by the allowlist.
         (_, ["v1", "messages", ..]) => return Err(NoRoute::Unknown),
@@ -150,6 +169,14 @@ pub(super) fn route(method: &Method, path: &Canonical, allow: &[PassthroughRule]
         return Ok(Route::Passthrough);
     }
     Err(NoRoute::Unknown)
+}
+
+/// A model's method that generates text: `{model}:generateContent` or
+/// `{model}:streamGenerateContent`, the model named.
+fn is_generate(segment: &str) -> bool {
+    segment.split_once(':').is_some_and(|(model, method)| {
+        !model.is_empty() && matches!(method, "generateContent" | "streamGenerateContent")
+    })
 }
 
 /// `*` matches one segment, a last `**` one or more, anything else itself
@@ -193,6 +220,24 @@ mod tests {
         assert_eq!(r("POST", "/v1/m%65ssages/count_tokens"), Ok(Route::CountTokens));
         assert_eq!(r("HEAD", "/"), Ok(Route::Root));
         for (m, p) in [("POST", "/v1/messages/batches"), ("GET", "/v1/messages"), ("POST", "/v1/Messages")] {
+            assert_eq!(r(m, p), Err(NoRoute::Unknown), "{m} {p}");
+        }
+        assert_eq!(
+            r("POST", "/v1beta/models/gemini-2.5-flash:generateContent"),
+            Ok(Route::Gemini { version: "v1beta", method: "gemini-2.5-flash:generateContent".into() })
+        );
+        assert_eq!(
+            r("POST", "/v1/models/g:streamGenerateContent"),
+            Ok(Route::Gemini { version: "v1", method: "g:streamGenerateContent".into() })
+        );
+        for (m, p) in [
+            ("POST", "/v1beta/models/:generateContent"),
+            ("POST", "/v1beta/models/g:batchGenerateContent"),
+            ("POST", "/v1beta/models/g:countTokens"),
+            ("GET", "/v1beta/models/g:generateContent"),
+            ("POST", "/v1beta/cachedContents"),
+            ("POST", "/v1/models/g:generateContent:x"),
+        ] {
             assert_eq!(r(m, p), Err(NoRoute::Unknown), "{m} {p}");
         }
         assert_eq!(r("GET", "/v1/models"), Ok(Route::Passthrough));

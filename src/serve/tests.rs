@@ -12,10 +12,10 @@ async fn accepted_connections_do_not_wait_for_acknowledgements() {
 
 #[test]
 fn pseudonyms_are_stable_keyed_and_distinct() {
-    let a = super::pseudonym("k1-0123456789abcdef", "alice");
-    assert_eq!(a, super::pseudonym("k1-0123456789abcdef", "alice"));
-    assert_ne!(a, super::pseudonym("k2-0123456789abcdef", "alice"));
-    assert_ne!(a, super::pseudonym("k1-0123456789abcdef", "bob"));
+    let a = super::openai::pseudonym("k1-0123456789abcdef", "alice");
+    assert_eq!(a, super::openai::pseudonym("k1-0123456789abcdef", "alice"));
+    assert_ne!(a, super::openai::pseudonym("k2-0123456789abcdef", "alice"));
+    assert_ne!(a, super::openai::pseudonym("k1-0123456789abcdef", "bob"));
     assert_eq!(a.len(), 64);
 }
 

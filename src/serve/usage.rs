@@ -7,7 +7,9 @@
 //! Chat Completions says `usage.prompt_tokens` / `completion_tokens` (in
 //! the last chunk of a stream with `stream_options.include_usage`);
 //! Responses and Anthropic's Messages say `input_tokens` / `output_tokens`
-//! (Messages split over `message_start` and `message_delta`). A tap reads
+//! (Messages split over `message_start` and `message_delta`); Gemini says
+//! `usageMetadata.promptTokenCount` / `candidatesTokenCount` and
+//! `modelVersion` (in every chunk of a stream). A tap reads
 //! at most [`MAX_JSON_BYTES`] of a JSON answer and only the SSE lines that
 //! name a `usage` or a `model`.
 
@@ -79,7 +81,8 @@ impl Tap {
     fn line(&mut self, line: &[u8]) {
         let Some(data) = line.strip_prefix(b"data:") else { return };
         let wanted = |needle: &[u8]| data.windows(needle.len()).any(|w| w == needle);
-        if ((self.model.is_none() && wanted(b"\"model\"")) || wanted(b"\"usage\""))
+        let model = self.model.is_none() && (wanted(b"\"model\"") || wanted(b"\"modelVersion\""));
+        if (model || wanted(b"\"usage\"") || wanted(b"\"usageMetadata\""))
             && let Ok(v) = serde_json::from_slice::<Value>(data.trim_ascii())
         {
             self.read(&v);
@@ -95,6 +98,19 @@ impl Tap {
                 && let Some(m) = at.get("model").and_then(Value::as_str)
             {
                 self.model = Some(m.to_owned());
+            }
+            if self.model.is_none()
+                && let Some(m) = at.get("modelVersion").and_then(Value::as_str)
+            {
+                self.model = Some(m.to_owned());
+            }
+            if let Some(u) = at.get("usageMetadata").filter(|u| u.is_object()) {
+                if let Some(i) = u.get("promptTokenCount").and_then(Value::as_u64) {
+                    self.input_tokens = Some(i);
+                }
+                if let Some(o) = u.get("candidatesTokenCount").and_then(Value::as_u64) {
+                    self.output_tokens = Some(o);
+                }
             }
             if let Some(u) = at.get("usage").filter(|u| u.is_object()) {
                 let n = |keys: [&str; 2]| keys.iter().find_map(|k| u.get(*k).and_then(Value::as_u64));
@@ -150,6 +166,24 @@ mod tests {
             ],
         );
         assert_eq!((t.model.as_deref(), t.input_tokens, t.output_tokens), (Some("claude-x"), Some(30), Some(9)));
+    }
+
+    #[test]
+    fn gemini_json_and_stream() {
+        let json = r#"{"candidates":[],"usageMetadata":{"promptTokenCount":40,"candidatesTokenCount":5},"modelVersion":"gemini-2.5-flash-001"}"#;
+        let t = tap("application/json", &[json]);
+        assert_eq!(
+            (t.model.as_deref(), t.input_tokens, t.output_tokens),
+            (Some("gemini-2.5-flash-001"), Some(40), Some(5))
+        );
+        let t = tap(
+            "text/event-stream",
+            &[
+                "data: {\"candidates\":[],\"usageMetadata\":{\"promptTokenCount\":40},\"modelVersion\":\"g-1\"}\r\n\r\n",
+                "data: {\"candidates\":[],\"usageMetadata\":{\"promptTokenCount\":40,\"candidatesTokenCount\":7},\"modelVersion\":\"g-1\"}\r\n\r\n",
+            ],
+        );
+        assert_eq!((t.model.as_deref(), t.input_tokens, t.output_tokens), (Some("g-1"), Some(40), Some(7)));
     }
 
     #[test]

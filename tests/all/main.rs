@@ -20,6 +20,7 @@ mod docs;
 mod edges;
 mod faults;
 mod gate;
+mod gemini;
 mod hardening;
 mod hosts;
 mod hub;
