@@ -20,6 +20,7 @@ mod gate;
 mod hardening;
 mod hosts;
 mod hub;
+mod hybrid;
 mod inject;
 mod jwt;
 mod latency;
