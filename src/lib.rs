@@ -98,8 +98,8 @@ pub use id::ResourceId;
 pub use mode::{MessageRole, SelectMode};
 pub use policy::Policy;
 pub use report::{
-    ChunkReport, ExcludeReason, Excluded, Exclusions, Included, Inclusions, Report, ServerFailure, ServerProtocol,
-    SharedCacheReport, SharedCacheStatus, Timings, UpstreamAuth,
+    ChunkReport, ExcludeReason, Excluded, Exclusions, Included, Inclusions, Report, Semantic, ServerFailure,
+    ServerProtocol, SharedCacheReport, SharedCacheStatus, Timings, UpstreamAuth,
 };
 pub use resource::{ContentPart, Contents, Resource};
 pub use tools::ResourceTools;

@@ -26,6 +26,39 @@ pub struct ChunkReport {
     pub tokens: usize,
     /// Its combined score (see the module docs), rounded to 3 decimals.
     pub score: f64,
+    /// Its BM25 against the query, rounded to 3 decimals.
+    pub lexical: f64,
+    /// Its cosine similarity with the query by the built-in embedding model, rounded to 3
+    /// decimals; absent when semantic ranking is off or this chunk has no vector yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub semantic: Option<f64>,
+}
+
+/// Whether relevance mode ranked with the embedding model too (`context.semantic`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Semantic {
+    /// Every ranked chunk had its vector: BM25 and cosine similarity together.
+    On,
+    /// Some chunks were not embedded yet (the background embedder is at them): those ranked by
+    /// BM25 alone, the others by both. The request did not wait.
+    Partial,
+    /// `context.semantic: off`: BM25 alone.
+    Off,
+    /// This build has no embedding model (cargo feature `semantic` left out): BM25 alone.
+    NotBuilt,
+}
+
+impl fmt::Display for Semantic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Semantic::On => "on",
+            Semantic::Partial => "partial",
+            Semantic::Off => "off",
+            Semantic::NotBuilt => "not built",
+        })
+    }
 }
 
 /// What both shared lists offer: a slice's view (`$slice`, of the list
@@ -338,6 +371,10 @@ pub struct Report {
     /// resolved to); absent when nothing was composed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mode: Option<SelectMode>,
+    /// In relevance mode: whether the embedding model ranked too (`on`, `partial`, `off`,
+    /// `not_built`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub semantic: Option<Semantic>,
     /// The budget applied (after the user's policy and the ceiling).
     pub budget: usize,
     /// Exact token count of the message content (0 when nothing is injected).
@@ -431,6 +468,7 @@ impl fmt::Display for Report {
             self.budget,
             self.timings.total_ms,
             self.mode.map(|m| format!("  mode {m}")).unwrap_or_default()
+                + &self.semantic.map(|s| format!("  semantic {s}")).unwrap_or_default()
         )?;
         let included: Vec<Cow<'_, str>> = self.included.iter().map(|i| escape(&i.id)).collect();
         let excluded: Vec<Cow<'_, str>> = self.excluded.iter().map(|e| escape(&e.id)).collect();
@@ -449,7 +487,13 @@ impl fmt::Display for Report {
                 let count = chunks.first().map_or(0, |c| c.count);
                 let list: Vec<String> = chunks
                     .iter()
-                    .map(|c| format!("#{} ({} tokens, score {:.2})", c.index, c.tokens, c.score))
+                    .map(|c| {
+                        let semantic = c.semantic.map(|s| format!(", cosine {s:.2}")).unwrap_or_default();
+                        format!(
+                            "#{} ({} tokens, score {:.2}, bm25 {:.2}{semantic})",
+                            c.index, c.tokens, c.score, c.lexical
+                        )
+                    })
                     .collect();
                 detail = format!("chunks of {count}: {}{}", list.join(", "), if detail.is_empty() { "" } else { "; " })
                     + &detail;

@@ -15,14 +15,15 @@
 //! The index is bounded in bytes (`context.chunk_index_max_bytes`, an
 //! estimate), least recently used content versions out first.
 //!
-//! Imports the tokenizer, the resource types, the renderer and the term
-//! analysis.
+//! Imports the tokenizer, the resource types, the renderer, the term
+//! analysis, and hybrid ranking's settings and background embedder.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use text_splitter::{ChunkConfig, MarkdownSplitter, TextSplitter};
 
+use super::fusion::SemanticSettings;
 use super::render::render_head_into;
 use super::terms;
 use crate::resource::{ContentPart, Contents, Resource};
@@ -81,6 +82,10 @@ pub(crate) struct Chunked {
     /// `(term, count)` of the resource's name and title, sorted by term:
     /// they describe every chunk (see "Ranking" in the module docs).
     pub fields: Box<[(u64, u16)]>,
+    /// The chunks' embeddings, once the background embedder has made them
+    /// ([`super::semantic`]).
+    #[cfg(feature = "semantic")]
+    pub vectors: std::sync::OnceLock<super::semantic::ChunkVectors>,
 }
 
 impl Chunked {
@@ -175,6 +180,8 @@ pub struct ChunkIndex {
     chunk_tokens: usize,
     overlap: usize,
     entries: Mutex<Entries>,
+    /// Hybrid ranking's settings; `None`: lexical only, and nothing is embedded.
+    semantic: Option<SemanticSettings>,
 }
 
 /// What the index keeps, and its byte count.
@@ -231,7 +238,20 @@ fn entry_bytes(contents: &Contents, meta: &(String, Option<String>, Option<Strin
         + chunked.token_ends.capacity() * size_of::<u32>()
         + chunks
         + chunked.fields.len() * term
+        + vector_bytes(chunked.chunks.len())
         + 2 * crate::lru::ITEM_OVERHEAD
+}
+
+/// What the chunks' embeddings will take once made (counted from the start, so that the bound
+/// holds whenever the background embedder gets to them).
+#[cfg(feature = "semantic")]
+fn vector_bytes(chunks: usize) -> usize {
+    super::semantic::ChunkVectors::bytes(chunks)
+}
+
+#[cfg(not(feature = "semantic"))]
+fn vector_bytes(_chunks: usize) -> usize {
+    0
 }
 
 impl std::fmt::Debug for ChunkIndex {
@@ -256,7 +276,27 @@ impl ChunkIndex {
     pub fn new(chunk_tokens: usize, overlap: usize) -> Self {
         let chunk_tokens = chunk_tokens.max(1);
         let entries = Entries { max: DEFAULT_CHUNK_INDEX_MAX_BYTES, ..Entries::default() };
-        ChunkIndex { chunk_tokens, overlap: overlap.min(chunk_tokens / 2), entries: Mutex::new(entries) }
+        ChunkIndex {
+            chunk_tokens,
+            overlap: overlap.min(chunk_tokens / 2),
+            entries: Mutex::new(entries),
+            semantic: None,
+        }
+    }
+
+    /// The same index ranking by BM25 and the built-in embedding model together (`Some`), its
+    /// content versions embedded in the background as they are kept; `None` (the default of
+    /// [`ChunkIndex::new`]) ranks by BM25 alone. Without the `semantic` feature there is no model,
+    /// and this changes nothing.
+    #[must_use]
+    pub fn with_semantic(mut self, semantic: Option<SemanticSettings>) -> Self {
+        self.semantic = semantic.filter(|_| cfg!(feature = "semantic"));
+        self
+    }
+
+    /// Hybrid ranking's settings, when it is on (and built in).
+    pub(crate) fn semantic(&self) -> Option<SemanticSettings> {
+        self.semantic
     }
 
     /// The same index keeping at most about `max_bytes` (an estimate: see
@@ -349,6 +389,10 @@ impl ChunkIndex {
             return;
         }
         entries.bytes += bytes;
+        #[cfg(feature = "semantic")]
+        if self.semantic.is_some() && chunked.vectors.get().is_none() && !super::semantic::fill_known(&chunked) {
+            super::semantic::enqueue(&chunked);
+        }
         entries.map.insert(key, Entry { contents: Arc::downgrade(contents), meta, chunked, bytes, used: now });
         // Past the count, the least recently used half goes (the resources
         // of the current requests stay, not versions replaced long ago);
@@ -422,6 +466,15 @@ impl ChunkIndex {
             Some(t) if t != resource.name => format!("{}\n{t}", resource.name),
             _ => resource.name.clone(),
         };
-        Chunked { open_tokens, chunks, token_ends, fields: terms::counts(&name).into_boxed_slice(), body_start, head }
+        Chunked {
+            open_tokens,
+            chunks,
+            token_ends,
+            fields: terms::counts(&name).into_boxed_slice(),
+            body_start,
+            head,
+            #[cfg(feature = "semantic")]
+            vectors: Default::default(),
+        }
     }
 }

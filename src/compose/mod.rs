@@ -6,8 +6,10 @@
 //! ```text
 //! priority mode:  render (render.rs) → pack whole blocks by priority,
 //!                 the last one cut to fit (pack.rs)
-//! relevance mode: chunks, cached by content (chunk.rs, terms.rs)
-//!   → BM25 against the query (query.rs) combined with priority (rank.rs)
+//! relevance mode: chunks, cached by content (chunk.rs, terms.rs), embedded
+//!                 in the background (semantic.rs, feature `semantic`)
+//!   → BM25 against the query (query.rs), fused with the cosine similarity
+//!     of the query's embedding (fusion.rs), combined with priority (rank.rs)
 //!   → best chunks packed as passages, exact count ≤ budget (passages.rs)
 //! auto:           priority when everything fits whole, else relevance
 //! ```
@@ -23,15 +25,18 @@
 use std::sync::Arc;
 
 use crate::mode::SelectMode;
-use crate::report::{ExcludeReason, Excluded, Included};
+use crate::report::{ExcludeReason, Excluded, Included, Semantic};
 use crate::resource::{Contents, Resource};
 
 mod chunk;
+mod fusion;
 mod pack;
 mod passages;
 mod query;
 mod rank;
 mod render;
+#[cfg(feature = "semantic")]
+mod semantic;
 mod terms;
 mod turns;
 
@@ -42,6 +47,7 @@ pub(crate) use chunk::term_probe;
 #[cfg(feature = "redis")]
 pub(crate) use chunk::{Chunk, Chunked};
 pub use chunk::{ChunkIndex, DEFAULT_CHUNK_INDEX_MAX_BYTES, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
+pub use fusion::{DEFAULT_SEMANTIC_WEIGHT, Fusion, SemanticSettings};
 pub(crate) use pack::{DEFAULT_MIN_USEFUL_TOKENS, cut_to_fit, marker};
 use pack::{PackInput, Packed, pack, pack_in_place};
 #[cfg(test)]
@@ -81,6 +87,8 @@ pub struct Composition {
     pub included: Vec<Included>,
     /// Resources left out for the budget.
     pub dropped: Vec<Excluded>,
+    /// In relevance mode: whether the embedding model ranked too.
+    pub semantic: Option<Semantic>,
 }
 
 /// One visible resource going into a composition.
@@ -177,6 +185,7 @@ impl Composer<'_> {
                 .into_iter()
                 .map(|d| Excluded { id: d.id.to_string(), reason: ExcludeReason::Budget, detail: Some(d.detail) })
                 .collect(),
+            semantic: None,
         }
     }
 }

@@ -26,8 +26,13 @@
 //! fits), then their other chunks; remaining ties go to resource order,
 //! then to document order.
 //!
-//! Imports the chunk index, the query, the passage packer and the report's
-//! entries.
+//! With the embedding model built in and `context.semantic: on`, `bm25(c)`
+//! above is replaced by the fusion of BM25 and the cosine similarity of the
+//! chunk's and the query's embeddings ([`super::fusion`]); chunks not
+//! embedded yet keep their BM25, and the report says `semantic: partial`.
+//!
+//! Imports the chunk index, the query, the passage packer, the fusion, the
+//! embeddings and the report's entries.
 
 use std::sync::Arc;
 
@@ -35,7 +40,7 @@ use super::chunk::{Chunk, Chunked, count_of};
 use super::passages::{PassageBlock, Passages, pack_passages};
 use super::query::Query;
 use super::{Candidate, Composer, Composition, DEFAULT_PRIORITY};
-use crate::report::{ChunkReport, ExcludeReason, Excluded, Included};
+use crate::report::{ChunkReport, ExcludeReason, Excluded, Included, Semantic};
 
 /// BM25's term-frequency saturation (the usual value).
 pub(crate) const K1: f32 = 1.2;
@@ -70,10 +75,10 @@ impl Composer<'_> {
             })
             .collect();
         let (k1, b) = (K1, B);
-        let mut ranked: Vec<(usize, usize, f32)> = Vec::with_capacity(n);
-        for (r, (c, item)) in chunked.iter().zip(items).enumerate() {
-            let p = item.resource.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
-            for (k, chunk) in c.chunks.iter().enumerate() {
+        // Every chunk's BM25, in resource then document order (`flat`).
+        let mut lexical: Vec<f32> = Vec::with_capacity(n);
+        for c in &chunked {
+            for chunk in &c.chunks {
                 let norm = k1 * (1.0 - b + b * chunk.len as f32 / avgdl);
                 let bm25: f32 = terms
                     .iter()
@@ -83,7 +88,27 @@ impl Composer<'_> {
                         if f > 0.0 { w * idf * f * (k1 + 1.0) / (f + norm) } else { 0.0 }
                     })
                     .sum();
-                ranked.push((r, k, bm25 * (0.8 + 0.4 * p) + 0.01 * p));
+                lexical.push(bm25);
+            }
+        }
+        let (cosine, semantic) = cosines(index, &chunked, query, n);
+        let fused = match index.semantic() {
+            Some(settings) if cosine.iter().any(Option::is_some) => super::fusion::fuse(settings, &lexical, &cosine),
+            _ => lexical.clone(),
+        };
+        let starts: Vec<usize> = chunked
+            .iter()
+            .scan(0, |at, c| {
+                let start = *at;
+                *at += c.chunks.len();
+                Some(start)
+            })
+            .collect();
+        let mut ranked: Vec<(usize, usize, f32)> = Vec::with_capacity(n);
+        for (r, (c, item)) in chunked.iter().zip(items).enumerate() {
+            let p = item.resource.annotations.priority.unwrap_or(DEFAULT_PRIORITY);
+            for k in 0..c.chunks.len() {
+                ranked.push((r, k, fused[starts[r] + k] * (0.8 + 0.4 * p) + 0.01 * p));
             }
         }
         // Each forced resource's best chunk first (so every mentioned resource
@@ -104,6 +129,7 @@ impl Composer<'_> {
             items.iter().zip(&chunked).map(|(item, c)| PassageBlock { id: &item.resource.id, chunked: c }).collect();
         let packed: Passages = pack_passages(tok, cache, preamble, budget, &blocks, &ranked);
         let score = |r: usize, k: usize| ranked.iter().find(|x| x.0 == r && x.1 == k).map_or(0.0, |x| x.2);
+        let round = |x: f32| (f64::from(x) * 1000.0).round() / 1000.0;
         Composition {
             content: packed.packed.content,
             tokens: packed.packed.tokens,
@@ -123,7 +149,9 @@ impl Composer<'_> {
                                 index: k,
                                 count: chunked[*r].chunks.len(),
                                 tokens: chunked[*r].chunks[k].tokens,
-                                score: (f64::from(score(*r, k)) * 1000.0).round() / 1000.0,
+                                score: round(score(*r, k)),
+                                lexical: round(lexical[starts[*r] + k]),
+                                semantic: cosine[starts[*r] + k].map(round),
                             })
                             .collect()
                     }),
@@ -139,6 +167,43 @@ impl Composer<'_> {
                     detail: Some("no chunk of it ranked high enough for the budget".into()),
                 })
                 .collect(),
+            semantic,
         }
+    }
+}
+
+/// Each chunk's cosine similarity with the query (`None`: no vector yet), in resource then
+/// document order, and what the report says of it (`None`: no query to embed).
+fn cosines(
+    index: &super::ChunkIndex,
+    chunked: &[Arc<Chunked>],
+    query: Option<&Query>,
+    n: usize,
+) -> (Vec<Option<f32>>, Option<Semantic>) {
+    #[cfg(feature = "semantic")]
+    {
+        if index.semantic().is_none() {
+            return (vec![None; n], Some(Semantic::Off));
+        }
+        let Some(q) = query.and_then(super::semantic::query_vector) else {
+            return (vec![None; n], None);
+        };
+        let mut all = true;
+        let mut out = Vec::with_capacity(n);
+        for c in chunked {
+            match super::semantic::embedded(c) {
+                Some(v) => out.extend((0..c.chunks.len()).map(|k| Some(v.cosine(k, &q)))),
+                None => {
+                    all = false;
+                    out.extend((0..c.chunks.len()).map(|_| None));
+                }
+            }
+        }
+        (out, Some(if all { Semantic::On } else { Semantic::Partial }))
+    }
+    #[cfg(not(feature = "semantic"))]
+    {
+        let _ = (index, chunked, query);
+        (vec![None; n], Some(Semantic::NotBuilt))
     }
 }

@@ -1,5 +1,6 @@
 //! The `context:` section: the model, the token budget, the message's role
-//! and preamble, the read deadline, and how resources are chosen. May
+//! and preamble, the read deadline, and how resources are chosen (with
+//! hybrid ranking's `semantic`, `semantic_weight`, `fusion`). May
 //! import the config's constants and the composition defaults.
 
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{DEFAULT_MAX_RESOURCE_BYTES, DEFAULT_MAX_TOKENS, Found, SelectMode};
+use crate::compose::{DEFAULT_SEMANTIC_WEIGHT, Fusion, SemanticSettings};
 use crate::mode::MessageRole;
 use crate::yaml::Node;
 
@@ -63,6 +65,48 @@ pub struct ContextSettings {
     /// [`DEFAULT_CHUNK_INDEX_MAX_BYTES`].
     #[serde(default = "default_chunk_index_max_bytes")]
     pub chunk_index_max_bytes: usize,
+    /// Relevance mode ranks with the built-in embedding model too (`on`, the default when it is
+    /// built in: cargo feature `semantic`) or by BM25 alone (`off`). Each content version is
+    /// embedded once, in the background; see [`SemanticSettings`].
+    #[serde(default = "default_semantic", deserialize_with = "on_off")]
+    pub semantic: bool,
+    /// Share of the semantic part in the fused score, 0 to 1 (default
+    /// [`DEFAULT_SEMANTIC_WEIGHT`]).
+    #[serde(default = "default_semantic_weight")]
+    pub semantic_weight: f32,
+    /// How BM25 and cosine similarity are combined: `mix` (normalised scores, the default) or
+    /// `rrf` (reciprocal rank fusion).
+    #[serde(default)]
+    pub fusion: Fusion,
+}
+
+impl ContextSettings {
+    /// Hybrid ranking's settings, `None` when `semantic: off`.
+    pub fn semantic_settings(&self) -> Option<SemanticSettings> {
+        self.semantic.then_some(SemanticSettings { weight: self.semantic_weight, fusion: self.fusion })
+    }
+}
+
+fn default_semantic() -> bool {
+    true
+}
+fn default_semantic_weight() -> f32 {
+    DEFAULT_SEMANTIC_WEIGHT
+}
+/// `on` / `off` (or `true` / `false`).
+fn on_off<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OnOff {
+        Bool(bool),
+        Word(String),
+    }
+    match OnOff::deserialize(d)? {
+        OnOff::Bool(b) => Ok(b),
+        OnOff::Word(w) if w == "on" => Ok(true),
+        OnOff::Word(w) if w == "off" => Ok(false),
+        OnOff::Word(w) => Err(serde::de::Error::custom(format!("expected `on` or `off`, found `{w}`"))),
+    }
 }
 
 /// Default `context.warm_memo_max_bytes` (32 MiB): a 16 KiB message and its
@@ -121,6 +165,9 @@ impl Default for ContextSettings {
             chunk_overlap: default_chunk_overlap(),
             warm_memo_max_bytes: DEFAULT_WARM_MEMO_MAX_BYTES,
             chunk_index_max_bytes: DEFAULT_CHUNK_INDEX_MAX_BYTES,
+            semantic: default_semantic(),
+            semantic_weight: DEFAULT_SEMANTIC_WEIGHT,
+            fusion: Fusion::default(),
         }
     }
 }
@@ -133,6 +180,9 @@ pub(super) fn check(context: &ContextSettings, root: &Node<'_>, found: &mut Foun
     }
     if context.chunk_tokens < 16 {
         found.add(pos("chunk_tokens"), "context.chunk_tokens must be at least 16".into());
+    }
+    if !(0.0..=1.0).contains(&context.semantic_weight) {
+        found.add(pos("semantic_weight"), "context.semantic_weight must be between 0 and 1".into());
     }
     if context.chunk_overlap * 2 > context.chunk_tokens {
         found.add(pos("chunk_overlap"), "context.chunk_overlap must be at most half of context.chunk_tokens".into());

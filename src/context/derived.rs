@@ -202,7 +202,16 @@ fn chunked(c: Chunks, head: String, body_start: usize, open_tokens: usize, probe
         }
         chunks.push(Chunk { start, end, tokens: k.tokens as usize, len: k.len, terms: k.terms.into_boxed_slice() });
     }
-    Some(Chunked { head, body_start, open_tokens, chunks, token_ends, fields: c.fields.into_boxed_slice() })
+    Some(Chunked {
+        head,
+        body_start,
+        open_tokens,
+        chunks,
+        token_ends,
+        fields: c.fields.into_boxed_slice(),
+        #[cfg(feature = "semantic")]
+        vectors: Default::default(),
+    })
 }
 
 /// One resource of a request, as far as sharing its derived data goes.

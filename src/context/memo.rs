@@ -38,6 +38,8 @@ pub(super) struct Composed {
     pub(super) dropped: Vec<Excluded>,
     /// The mode that ran (`auto` resolved).
     pub(super) mode: SelectMode,
+    /// Whether the embedding model ranked too (relevance mode).
+    pub(super) semantic: Option<crate::report::Semantic>,
     pub(super) warnings: Vec<String>,
     /// What is worked out from the message once, for every request that sends it.
     pub(super) derived: Arc<super::MessageDerived>,
@@ -51,6 +53,7 @@ impl From<Composition> for Composed {
             included: c.included,
             dropped: c.dropped,
             mode: SelectMode::Priority,
+            semantic: c.semantic,
             warnings: Vec::new(),
             derived: Arc::default(),
         }

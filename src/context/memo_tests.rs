@@ -213,7 +213,13 @@ fn a_composition_is_reused_only_for_the_same_inputs() {
     // The memo keeps the last few, one per distinct key.
     let memo = CompositionMemo::default();
     let composed = || {
-        Arc::new(Composed::from(Composition { content: None, tokens: 0, included: Vec::new(), dropped: Vec::new() }))
+        Arc::new(Composed::from(Composition {
+            content: None,
+            tokens: 0,
+            included: Vec::new(),
+            dropped: Vec::new(),
+            semantic: None,
+        }))
     };
     memo.put(composition_key(&selection, &contents, SelectMode::Priority), composed());
     memo.put(composition_key(&selection, &contents, SelectMode::Priority), composed());

@@ -174,7 +174,8 @@ impl McpContext {
             warm: WarmMemo::new(config.context.warm_memo_max_bytes),
             chunks: Arc::new(
                 ChunkIndex::new(config.context.chunk_tokens, config.context.chunk_overlap)
-                    .with_max_bytes(config.context.chunk_index_max_bytes),
+                    .with_max_bytes(config.context.chunk_index_max_bytes)
+                    .with_semantic(config.context.semantic_settings()),
             ),
             tokenizers: std::sync::Mutex::default(),
             audit: Auditor::start(&config.audit),

@@ -22,7 +22,9 @@ use crate::compose::{Candidate, Composer, DEFAULT_PREAMBLE, Query};
 use crate::error::{Error, Result};
 use crate::mode::SelectMode;
 use crate::policy::{Policy, UserPolicy};
-use crate::report::{ExcludeReason, Excluded, Report, ServerFailure, ServerProtocol, SharedCacheReport, Timings};
+use crate::report::{
+    ExcludeReason, Excluded, Report, Semantic, ServerFailure, ServerProtocol, SharedCacheReport, Timings,
+};
 use crate::resource::Contents;
 use crate::tokenize::Tokenizer;
 
@@ -258,10 +260,22 @@ impl<'a> Run<'a> {
             drop(pairs);
             let composed = Arc::new(Composed { mode: c.mode, warnings: c.warnings, ..Composed::from(c.composition) });
             drop(items);
-            compositions.put(
-                CompositionKey { encoding: tok.encoding(), preamble, budget, mode, query: query_key, selection, ready },
-                composed.clone(),
-            );
+            // Ranked before every chunk had its embedding: the same request ranks better once the
+            // background embedder is done, so this one is not remembered.
+            if composed.semantic != Some(Semantic::Partial) {
+                compositions.put(
+                    CompositionKey {
+                        encoding: tok.encoding(),
+                        preamble,
+                        budget,
+                        mode,
+                        query: query_key,
+                        selection,
+                        ready,
+                    },
+                    composed.clone(),
+                );
+            }
             (composed, used, offered)
         })
         .await
@@ -322,6 +336,7 @@ impl<'a> Run<'a> {
             encoding: p.tok.encoding().to_owned(),
             role: Some(ctx.settings.role),
             mode: any_read.then_some(composed.mode),
+            semantic: any_read.then_some(composed.semantic).flatten(),
             budget: p.budget,
             tokens: composed.tokens,
             included: included.into(),
@@ -353,6 +368,7 @@ impl<'a> Run<'a> {
         // changes, or one of these entries expires.
         if let Some(key) = self.warm_key
             && all_warm
+            && composed.semantic != Some(Semantic::Partial)
         {
             ctx.warm.put(
                 key,

@@ -24,6 +24,7 @@ mod gemini;
 mod hardening;
 mod hosts;
 mod hub;
+mod hybrid;
 mod inject;
 mod jwt;
 mod latency;
