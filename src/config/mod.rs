@@ -68,7 +68,7 @@ pub use self::serve::{
     DEFAULT_UPSTREAM, KeyDigest, PassthroughRule, ServeSettings, UpstreamUser,
 };
 use self::servers::RawServer;
-pub use self::servers::{Protocol, ServerConfig, Transport};
+pub use self::servers::{HttpMode, Protocol, ServerConfig, Transport};
 pub use self::telemetry::{DEFAULT_SERVICE_NAME, TelemetrySettings};
 use crate::error::{Error, Result};
 pub(crate) use crate::mode::SelectMode;

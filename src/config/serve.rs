@@ -164,7 +164,7 @@ pub struct ServeSettings {
     /// [`DEFAULT_UPSTREAM`] (`--upstream` overrides all).
     /// May carry credentials, so it is held as a secret.
     pub upstream: Option<SecretString>,
-    /// Sent upstream as `Authorization: Bearer`.
+    /// Sent upstream as `Authorization: Bearer` (unset: `serve` takes `$OPENAI_API_KEY`).
     pub upstream_api_key: Option<SecretString>,
     /// Send the caller's own `Authorization` upstream instead.
     pub forward_authorization: bool,
@@ -249,8 +249,8 @@ pub struct ServeSettings {
 pub struct AnthropicSettings {
     /// Base URL ending before `/messages` (default [`DEFAULT_ANTHROPIC_UPSTREAM`]).
     pub upstream: String,
-    /// Sent upstream as `x-api-key` (unless `serve.forward_authorization`,
-    /// where the caller's own `x-api-key` or `Authorization` goes instead).
+    /// Sent upstream as `x-api-key` (unset: `serve` takes `$ANTHROPIC_API_KEY`; with
+    /// `serve.forward_authorization` the caller's own `x-api-key` or `Authorization` goes instead).
     pub api_key: Option<SecretString>,
     /// How this route chooses resources (default `priority`: the block then
     /// depends only on the user, the policy and the resources, so it stays
