@@ -1,13 +1,15 @@
 //! `mcp-context audit`: who received a resource, what a user received,
-//! from the audit trail's PostgreSQL sink, as a table or JSON. Part of the
-//! CLI (layer 9): imports the library's public API only.
+//! from the audit trail's PostgreSQL sink, else its JSONL file (rotated
+//! files included), as a table or JSON. A `--since` that is not a time is a
+//! usage error, said by us before any sink is asked. Part of the CLI (layer
+//! 9): imports the library's public API and the CLI's `SERVER:URI` reading.
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Subcommand;
 use mcp_context::Config;
-use mcp_context::audit::{AuditQuery, AuditRecord, query, since};
+use mcp_context::audit::{AuditQuery, AuditRecord, query};
 use mcp_context::display::escape;
 
 /// The questions `mcp-context audit` answers.
@@ -18,8 +20,9 @@ pub(crate) enum AuditCommand {
         /// SERVER:URI, e.g. demo:secret://payroll/2026
         #[arg(long, value_name = "SERVER:URI")]
         resource: String,
-        /// Only since then: RFC 3339 (2026-12-01T00:00:00Z) or a span back from now (90m, 24h, 7d).
-        #[arg(long, value_name = "T")]
+        /// Only since then: RFC 3339 (2026-12-01T00:00:00Z), a date (2026-12-01) or a span back from now
+        /// (90m, 24h, 7d).
+        #[arg(long, value_name = "T", value_parser = since_arg)]
         since: Option<String>,
         /// One JSON array of records on stdout.
         #[arg(long)]
@@ -30,7 +33,7 @@ pub(crate) enum AuditCommand {
         /// The user name.
         user: String,
         /// As for `who`.
-        #[arg(long, value_name = "T")]
+        #[arg(long, value_name = "T", value_parser = since_arg)]
         since: Option<String>,
         /// One JSON array of records on stdout.
         #[arg(long)]
@@ -38,14 +41,21 @@ pub(crate) enum AuditCommand {
     },
 }
 
+/// `--since`, checked by clap: a bad one is a usage error (exit 2) in our words.
+fn since_arg(text: &str) -> Result<String, String> {
+    mcp_context::audit::since(text).map_err(|e| match e {
+        mcp_context::Error::Audit { what, .. } => what,
+        other => other.to_string(),
+    })
+}
+
 pub(crate) async fn run(config: &Config, command: AuditCommand) -> anyhow::Result<ExitCode> {
     let (q, json, who) = match command {
-        AuditCommand::Who { resource, since: s, json } => {
-            (AuditQuery::WhoReceived { resource, since: s.as_deref().map(since) }, json, true)
+        AuditCommand::Who { resource, since, json } => {
+            let resource = crate::cli_ids::parse(config, &resource)?.to_string();
+            (AuditQuery::WhoReceived { resource, since }, json, true)
         }
-        AuditCommand::User { user, since: s, json } => {
-            (AuditQuery::ReceivedBy { user, since: s.as_deref().map(since) }, json, false)
-        }
+        AuditCommand::User { user, since, json } => (AuditQuery::ReceivedBy { user, since }, json, false),
     };
     let records = query(&config.audit, &q).await?;
     let mut out = std::io::stdout().lock();

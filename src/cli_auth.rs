@@ -100,6 +100,23 @@ fn kind(auth: &ServerAuth) -> &'static str {
 }
 
 pub(crate) async fn run(config: &Config, command: AuthCommand) -> anyhow::Result<ExitCode> {
+    // Nothing per user: nothing to report, and no credential store (nor its key) is needed to say so.
+    if let AuthCommand::Status { json, .. } = &command
+        && !config.servers.iter().any(|s| s.auth.is_per_user())
+    {
+        let mut out = std::io::stdout().lock();
+        if *json {
+            writeln!(out, "[]")?;
+        } else {
+            writeln!(
+                out,
+                "no server of {} has a per-user `auth:` block: every user reaches every server with the same \
+                 credentials, and there is nothing to store per user",
+                config.path.display()
+            )?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let credentials = Credentials::open(config).context("cannot open the credential store (`credentials:`)")?;
     let mut out = std::io::stdout().lock();
     match command {

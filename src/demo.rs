@@ -10,12 +10,15 @@
 //! Layer: CLI (the bundled demo server). Imports nothing of this crate.
 
 use rmcp::model::{
-    Annotations, ErrorData, Implementation, ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourceTemplate,
-    Role, ServerCapabilities, ServerConfig,
+    Annotations, CacheScope, ErrorData, Implementation, ListResourceTemplatesResult, ListResourcesResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ResourceTemplate, Role, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, ServiceExt};
+
+/// How long a read answer may be served from a cache (`ttlMs`).
+const DEMO_TTL_MS: u64 = 300_000;
 
 /// Resources per `resources/list` page, small so that clients must paginate.
 const PAGE: usize = 3;
@@ -195,7 +198,12 @@ impl ServerHandler for DemoServer {
         _cx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         match text_of(&request.uri) {
-            Some(contents) => Ok(ReadResourceResult::new(contents).into()),
+            // Cache hints (2026-07-28): the same for every user, fresh for 5 minutes, so a second
+            // request within them is answered from the cache (the warm path) instead of read again.
+            Some(contents) => Ok(ReadResourceResult::new(contents)
+                .with_ttl_ms(DEMO_TTL_MS)
+                .with_cache_scope(CacheScope::Public)
+                .into()),
             None => Err(ErrorData::resource_not_found(
                 format!("no resource {}", request.uri),
                 Some(serde_json::json!({ "uri": request.uri })),

@@ -159,8 +159,9 @@ pub enum Error {
         #[source]
         source: Option<Arc<std::io::Error>>,
     },
-    /// The audit trail cannot be queried (`mcp-context audit`): no
-    /// PostgreSQL sink, PostgreSQL unreachable, a query refused. (Writing
+    /// The audit trail cannot be queried (`mcp-context audit`): no sink,
+    /// PostgreSQL unreachable, a query refused, a file unreadable, a
+    /// `since` that is not a time. (Writing
     /// records never fails a request: a failing sink drops and counts.)
     #[error("audit trail: {what}")]
     Audit {

@@ -122,8 +122,8 @@ pub mod settings {
     pub use crate::config::{
         CacheBackend, CacheSettings, ContextSettings, DEFAULT_KEY_PREFIX, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
         DEFAULT_MAX_BODY_FIELDS, DEFAULT_PRIVATE_MAX_BYTES, DEFAULT_REDIS_URL, DEFAULT_UPSTREAM,
-        DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST, KeyDigest, PassthroughRule, Protocol, ServeSettings, ServerConfig,
-        Transport, UpstreamUser,
+        DEFAULT_WARM_MEMO_MAX_BYTES, ENV_ALLOWLIST, HttpMode, KeyDigest, PassthroughRule, Protocol, ServeSettings,
+        ServerConfig, Transport, UpstreamUser,
     };
     pub use crate::config::{
         ClientAuthMethod, OAuthSettings, PerUserHeadersSettings, ServerAuth, TokenExchangeSettings,

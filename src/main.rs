@@ -33,6 +33,7 @@ mod cli_audit;
 mod cli_auth;
 mod cli_auth_login;
 mod cli_check;
+mod cli_ids;
 mod cli_list;
 mod cli_log;
 
@@ -68,7 +69,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Read one resource and print its text (blobs as placeholders).
+    /// Read one resource and print its text (blobs as placeholders). An operator's tool: it reads as
+    /// the server's own client, bypassing the policy (no user, no rule applies); `preview --user`
+    /// shows what a user would get.
     Read {
         /// SERVER:URI, e.g. demo:demo://docs/guide
         id: String,
@@ -126,7 +129,7 @@ enum Command {
         #[command(subcommand)]
         command: Option<ServeCommand>,
     },
-    /// Ask the audit trail (the `audit:` PostgreSQL sink) who received what.
+    /// Ask the audit trail who received what (the `audit:` PostgreSQL sink, else its JSONL file).
     Audit {
         #[command(subcommand)]
         command: cli_audit::AuditCommand,
@@ -319,6 +322,7 @@ async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
                     server_of(config.clone(), id).map(drop)?;
                 }
             }
+            let selected: Vec<String> = selection.iter().flatten().map(ToString::to_string).collect();
             // A preview sends nothing to a model: it is no injection, and leaves no audit record.
             let mut config = config;
             config.audit.sinks.clear();
@@ -358,6 +362,20 @@ async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
                     eprint!("\n{report}");
                 }
                 all_failed(servers, report.failed_servers.iter().filter(|f| is_down(ctx.hub(), &f.server)).count())?;
+                // A selected resource no server offers is the caller's mistake, not an empty selection.
+                let missing: Vec<&str> = report
+                    .excluded
+                    .iter()
+                    .filter(|e| e.reason == mcp_context::ExcludeReason::NotFound && selected.contains(&e.id))
+                    .map(|e| e.id.as_str())
+                    .collect();
+                if !missing.is_empty() {
+                    bail!(
+                        "--select: no server offers {} (not listed, nor an expansion of a listed template); \
+                         `mcp-context list` shows what each server offers",
+                        missing.iter().map(|id| format!("`{}`", escape(id))).collect::<Vec<_>>().join(", ")
+                    );
+                }
                 Ok(ExitCode::SUCCESS)
             })
             .await;
@@ -457,13 +475,8 @@ fn only_server(mut config: Config, server: Option<&str>) -> anyhow::Result<Confi
 /// [`only_server`] for the server of `id`; an unknown "server" that is a
 /// URI's scheme (`docs://readme`, the server forgotten) is explained.
 fn server_of(config: Config, id: &ResourceId) -> anyhow::Result<Config> {
-    if config.server(&id.server).is_none() && id.uri.starts_with("//") {
-        let known: Vec<_> = config.servers.iter().map(|s| s.name.as_str()).collect();
-        let example = known.first().copied().unwrap_or("SERVER");
-        bail!(
-            "`{id}` names no server: identifiers are SERVER:URI, e.g. `{example}:{id}` (configured servers: {})",
-            if known.is_empty() { "none".to_owned() } else { known.join(", ") }
-        );
+    if let Some(e) = cli_ids::forgotten_server(&config, id) {
+        return Err(e);
     }
     only_server(config, Some(&id.server))
 }

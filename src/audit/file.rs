@@ -2,7 +2,8 @@
 //! (file writes block), rotated by size: past `max_bytes` the file becomes
 //! `PATH.1`, an older `PATH.1` becomes `PATH.2`, and so on up to `PATH.keep`;
 //! older ones are removed. A file it makes is mode 0600 (owner only), as
-//! the token file is; rotation renames, so the older files keep it.
+//! the token file is; rotation renames, so the older files keep it. Read
+//! back here too, rotated files included, for `mcp-context audit`.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -136,6 +137,65 @@ impl Writer {
             std::fs::rename(&self.path, numbered(1))?;
         }
         self.open()
+    }
+}
+
+/// The records of the file sink at `path` and its rotated files (oldest
+/// first: `PATH.keep` … `PATH.1`, then `PATH`) that answer `q`, oldest
+/// first. A last line without its newline is one being written, skipped;
+/// any other line that is not a record is an error naming its file and line.
+pub(super) fn query(path: &Path, keep: usize, q: &super::AuditQuery) -> crate::Result<Vec<super::AuditRecord>> {
+    let (since, wanted) = match q {
+        super::AuditQuery::WhoReceived { resource, since } => (since, Wanted::Resource(resource)),
+        super::AuditQuery::ReceivedBy { user, since } => (since, Wanted::User(user)),
+    };
+    let files: Vec<PathBuf> = (1..=keep).rev().map(|n| rotated(path, n)).chain([path.to_owned()]).collect();
+    let mut out = Vec::new();
+    let mut found = false;
+    for file in &files {
+        let text = match std::fs::read_to_string(file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(crate::Error::audit(format!("cannot read the audit file {}: {e}", file.display()))),
+        };
+        found = true;
+        let complete = text.ends_with('\n');
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.trim().is_empty() || (!complete && i + 1 == lines.len()) {
+                continue;
+            }
+            let r: super::AuditRecord = serde_json::from_str(line)
+                .map_err(|e| crate::Error::audit(format!("{}:{}: not an audit record: {e}", file.display(), i + 1)))?;
+            if since.as_deref().is_none_or(|t| r.at.as_str() >= t) && wanted.answers(&r) {
+                out.push(r);
+            }
+        }
+    }
+    if !found {
+        return Err(crate::Error::audit(format!(
+            "the audit file {} does not exist (yet): nothing has been recorded there",
+            path.display()
+        )));
+    }
+    out.sort_by(|a, b| a.at.cmp(&b.at));
+    Ok(out)
+}
+
+/// The records a query is about.
+enum Wanted<'a> {
+    /// Those that carried this `server:uri`.
+    Resource(&'a str),
+    /// Those made for this user.
+    User(&'a str),
+}
+
+impl Wanted<'_> {
+    fn answers(&self, r: &super::AuditRecord) -> bool {
+        match self {
+            Wanted::Resource(id) => r.included.iter().any(|i| i.id == *id),
+            Wanted::User(user) => r.user == *user,
+        }
     }
 }
 

@@ -23,6 +23,7 @@ mod file;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+mod since;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +37,7 @@ pub(crate) use self::record::{Origin, ToolRead};
 pub(crate) use self::record::{digests, included};
 #[cfg(feature = "serve")]
 pub(crate) use self::record::{random_hex, trace_id_of, usable_request_id};
+pub use self::since::since;
 use crate::config::{AuditSettings, AuditSink};
 use crate::error::{Error, Result};
 
@@ -198,7 +200,7 @@ pub enum AuditQuery {
     WhoReceived {
         /// `server:uri`.
         resource: String,
-        /// RFC 3339 (or anything PostgreSQL reads as a `timestamptz`); `None`: since ever.
+        /// A time as [`since`] reads it (RFC 3339, a date, or `24h` back); `None`: since ever.
         since: Option<String>,
     },
     /// What this user received, since a time.
@@ -210,17 +212,35 @@ pub enum AuditQuery {
     },
 }
 
-/// Answers `query` from the first PostgreSQL sink of `settings`, oldest record first.
+/// Answers `query` from the first PostgreSQL sink of `settings`, else from
+/// the first file sink (its rotated files included), oldest record first.
 ///
 /// # Errors
 ///
-/// [`Error::Audit`] when no PostgreSQL sink is configured (or the build has
-/// none), or PostgreSQL cannot be reached or refuses the query.
+/// [`Error::Audit`] when no sink is configured (or the only one is
+/// PostgreSQL and the build has none), a `since` that is not a time (see
+/// [`since`]), PostgreSQL cannot be reached or refuses the query, or a
+/// file cannot be read or holds a line that is not a record.
 pub async fn query(settings: &AuditSettings, query: &AuditQuery) -> Result<Vec<AuditRecord>> {
-    let Some(AuditSink::Postgres { url, schema, table }) =
-        settings.sinks.iter().find(|s| matches!(s, AuditSink::Postgres { .. }))
-    else {
-        return Err(Error::audit("the config has no `audit.sinks` entry `postgres:` to query"));
+    // Checked and written as the records write theirs: every sink compares like with like.
+    let query = &match query {
+        AuditQuery::WhoReceived { resource, since: t } => {
+            AuditQuery::WhoReceived { resource: resource.clone(), since: t.as_deref().map(since).transpose()? }
+        }
+        AuditQuery::ReceivedBy { user, since: t } => {
+            AuditQuery::ReceivedBy { user: user.clone(), since: t.as_deref().map(since).transpose()? }
+        }
+    };
+    let postgres = settings.sinks.iter().find(|s| matches!(s, AuditSink::Postgres { .. }));
+    let file = settings.sinks.iter().find(|s| matches!(s, AuditSink::File { .. }));
+    let Some(AuditSink::Postgres { url, schema, table }) = postgres else {
+        let Some(AuditSink::File { path, keep, .. }) = file else {
+            return Err(Error::audit("the config has no `audit.sinks` entry (`file:` or `postgres:`) to query"));
+        };
+        let (path, keep, query) = (path.clone(), *keep, query.clone());
+        return tokio::task::spawn_blocking(move || file::query(&path, keep, &query))
+            .await
+            .map_err(Error::task("reading the audit file"))?;
     };
     #[cfg(feature = "postgres")]
     {
@@ -231,25 +251,6 @@ pub async fn query(settings: &AuditSettings, query: &AuditQuery) -> Result<Vec<A
     {
         let _ = (url, schema, table, query);
         Err(Error::audit("this build has no PostgreSQL support (feature `postgres`)"))
-    }
-}
-
-/// `since` as given, or a relative `N{s,m,h,d}` (e.g. `24h`) turned into the RFC 3339 time that long ago.
-pub fn since(text: &str) -> String {
-    let t = text.trim();
-    let unit = match t.chars().last() {
-        Some('s') => 1,
-        Some('m') => 60,
-        Some('h') => 3600,
-        Some('d') => 86_400,
-        _ => return t.to_owned(),
-    };
-    match t[..t.len() - 1].parse::<i64>() {
-        Ok(n) if n >= 0 => {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            record::rfc3339(now.as_secs() as i64 - n.saturating_mul(unit), 0)
-        }
-        _ => t.to_owned(),
     }
 }
 

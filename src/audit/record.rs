@@ -361,6 +361,17 @@ pub(crate) fn rfc3339(secs: i64, millis: u32) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// Days since 1970-01-01 of a proleptic Gregorian date: Howard Hinnant's
+/// days_from_civil, the inverse of [`rfc3339`]'s civil_from_days.
+pub(crate) fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// The time a [`rfc3339`] string names (this module's own format, as
 /// records carry it), for the binary `timestamptz` of PostgreSQL's `COPY`.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -372,13 +383,7 @@ pub(crate) fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
     }
     let (year, month, day) = (num(0, 4)?, num(5, 2)?, num(8, 2)?);
     let (h, m, sec, ms) = (num(11, 2)?, num(14, 2)?, num(17, 2)?, num(20, 3)?);
-    // Howard Hinnant's days_from_civil, the inverse of `rfc3339`'s.
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
+    let days = days_from_civil(year, month, day);
     let ms_total = ((days * 86_400 + h * 3600 + m * 60 + sec) * 1000 + ms).try_into().ok()?;
     Some(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms_total))
 }

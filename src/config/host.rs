@@ -79,6 +79,13 @@ const CONTEXT_KEYS: &[&str] = &[
     "chunk_overlap",
 ];
 
+/// Whether a server's `url` (no `type`) means the legacy SSE transport, as
+/// in Gemini CLI's `settings.json` (where `httpUrl` is Streamable HTTP);
+/// elsewhere a bare `url` is Streamable HTTP with the SSE fallback.
+pub(super) fn url_means_sse(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == "settings.json")
+}
+
 /// Whether `path` is another host's config (`.json`, `.jsonc`), read as it is.
 pub(super) fn is_host_file(path: &Path) -> bool {
     path.extension()

@@ -69,7 +69,7 @@ pub use self::serve::{
     ServeSettings, UpstreamUser,
 };
 use self::servers::RawServer;
-pub use self::servers::{Protocol, ServerConfig, Transport};
+pub use self::servers::{HttpMode, Protocol, ServerConfig, Transport};
 pub use self::telemetry::{DEFAULT_SERVICE_NAME, TelemetrySettings};
 pub use self::vendors::{AnthropicSettings, DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_GEMINI_UPSTREAM, GeminiSettings};
 use crate::error::{Error, Result};

@@ -157,7 +157,7 @@ pub struct ServeSettings {
     /// [`DEFAULT_UPSTREAM`] (`--upstream` overrides all).
     /// May carry credentials, so it is held as a secret.
     pub upstream: Option<SecretString>,
-    /// Sent upstream as `Authorization: Bearer`.
+    /// Sent upstream as `Authorization: Bearer` (unset: `serve` takes `$OPENAI_API_KEY`).
     pub upstream_api_key: Option<SecretString>,
     /// Send the caller's own `Authorization` upstream instead.
     pub forward_authorization: bool,

@@ -81,10 +81,26 @@ pub enum Transport {
         url: String,
         /// Extra request headers (e.g. `Authorization`).
         headers: BTreeMap<String, String>,
-        /// The legacy HTTP+SSE transport of MCP 2024-11-05 (`type: sse`):
-        /// `GET` the event stream, `POST` to the endpoint it names.
-        sse: bool,
+        /// Which HTTP transport, or both in turn.
+        mode: HttpMode,
     },
+}
+
+/// How a `url:` server is spoken to, as the host configs that name it mean it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HttpMode {
+    /// Streamable HTTP only (`type: http`, Gemini CLI's `httpUrl`).
+    Streamable,
+    /// The legacy HTTP+SSE transport of MCP 2024-11-05 only (`type: sse`, a
+    /// `url` in Gemini CLI's `settings.json`): `GET` the event stream, `POST`
+    /// to the endpoint it names.
+    Sse,
+    /// A `url` with no `type`: Streamable HTTP, then the legacy transport at
+    /// the same URL when the first `POST` is answered 400, 404 or 405 (the
+    /// MCP specification's backwards-compatibility rule, as VS Code and
+    /// Cursor do it).
+    StreamableThenSse,
 }
 
 /// The one hand-written redacting `Debug` left in the config (the others
@@ -103,10 +119,10 @@ impl fmt::Debug for Transport {
                 .field("env", &env.keys().collect::<Vec<_>>())
                 .field("cwd", cwd)
                 .finish(),
-            Transport::Http { url, headers, sse } => f
+            Transport::Http { url, headers, mode } => f
                 .debug_struct("Http")
                 .field("url", &redact_url(url))
-                .field("sse", sse)
+                .field("mode", mode)
                 .field("headers", &headers.keys().collect::<Vec<_>>())
                 .finish(),
         }
@@ -371,7 +387,15 @@ pub(super) fn server(
             for (k, v) in &s.headers {
                 headers.insert(k.clone(), expand(v, &name));
             }
-            Some(Transport::Http { url, headers, sse: s.kind.as_deref() == Some("sse") })
+            let named = |key: &str| server_node.is_some_and(|n| n.get(key).is_some());
+            let mode = match s.kind.as_deref() {
+                Some("sse") => HttpMode::Sse,
+                Some(_) => HttpMode::Streamable,
+                None if named("httpUrl") => HttpMode::Streamable,
+                None if named("url") && cx.host && super::host::url_means_sse(cx.path) => HttpMode::Sse,
+                None => HttpMode::StreamableThenSse,
+            };
+            Some(Transport::Http { url, headers, mode })
         }
     };
     let mut timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);

@@ -240,6 +240,24 @@ mod loading {
     }
 
     #[test]
+    fn each_host_means_its_remote_transport_as_written() {
+        let mode = |c: &Config, i: usize| match &c.servers[i].transport {
+            Transport::Http { mode, .. } => *mode,
+            t => panic!("{t:?}"),
+        };
+        let servers = r#"{"mcpServers": {"a": {"url": "http://h/sse"}, "b": {"httpUrl": "http://h/mcp"}, "c": {"type": "http", "url": "http://h/mcp"}, "d": {"type": "sse", "url": "http://h/sse"}}}"#;
+        // Gemini CLI's settings.json: `url` is SSE, `httpUrl` Streamable HTTP.
+        let c = load_json(servers, "/home/u/.gemini/settings.json").unwrap();
+        let want = [HttpMode::Sse, HttpMode::Streamable, HttpMode::Streamable, HttpMode::Sse];
+        assert_eq!((0..4).map(|i| mode(&c, i)).collect::<Vec<_>>(), want);
+        // Elsewhere (Cursor, Claude Code, our YAML) a bare `url` tries Streamable HTTP, then SSE.
+        let c = load_json(servers, "/p/.cursor/mcp.json").unwrap();
+        assert_eq!(mode(&c, 0), HttpMode::StreamableThenSse);
+        let c = load("servers:\n  a:\n    url: http://h/mcp\n  b:\n    type: http\n    url: http://h/mcp\n").unwrap();
+        assert_eq!((mode(&c, 0), mode(&c, 1)), (HttpMode::StreamableThenSse, HttpMode::Streamable));
+    }
+
+    #[test]
     fn host_files_keep_servers_and_drop_host_keys() {
         // Gemini CLI: other settings, per-server trust and tool lists, its own `context`.
         let c = load_json(
@@ -259,7 +277,7 @@ mod loading {
         assert_eq!(c.servers.len(), 2);
         assert_eq!(c.servers[0].timeout, Duration::from_secs(60));
         assert!(
-            matches!(&c.servers[1].transport, Transport::Http { url, headers, sse: false } if url == "https://h/mcp" && headers["A"] == "s3cr3t")
+            matches!(&c.servers[1].transport, Transport::Http { url, headers, mode: HttpMode::StreamableThenSse } if url == "https://h/mcp" && headers["A"] == "s3cr3t")
         );
         // Our own sections in a JSON file are still ours, and strict.
         let e = load_json(r#"{"mcpServers": {}, "context": {"max_tokens": 0}}"#, "/x/m.json").unwrap_err();
@@ -274,7 +292,9 @@ mod loading {
         assert_eq!(args, ["/p/srv.js", "s3cr3t"]);
         assert_eq!(cwd, Some(Path::new("/p/.vscode")));
         assert!(c.servers[0].unsupported.is_none());
-        assert!(matches!(&c.servers[1].transport, Transport::Http { url, sse: true, .. } if url == "http://h/sse"));
+        assert!(
+            matches!(&c.servers[1].transport, Transport::Http { url, mode: HttpMode::Sse, .. } if url == "http://h/sse")
+        );
         let e = load_json(&src.replace("${env:TOKEN}", "${input:k}"), "/p/.vscode/mcp.json").unwrap_err().to_string();
         assert!(
             e.starts_with("/p/.vscode/mcp.json:5:") && e.contains("`${input:k}`") && e.contains("cannot prompt"),

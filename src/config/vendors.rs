@@ -38,8 +38,8 @@ pub const DEFAULT_GEMINI_UPSTREAM: &str = "https://generativelanguage.googleapis
 pub struct AnthropicSettings {
     /// Base URL ending before `/messages` (default [`DEFAULT_ANTHROPIC_UPSTREAM`]).
     pub upstream: String,
-    /// Sent upstream as `x-api-key` (unless `serve.forward_authorization`,
-    /// where the caller's own `x-api-key` or `Authorization` goes instead).
+    /// Sent upstream as `x-api-key` (unset: `serve` takes `$ANTHROPIC_API_KEY`; with
+    /// `serve.forward_authorization` the caller's own `x-api-key` or `Authorization` goes instead).
     pub api_key: Option<SecretString>,
     /// How this route chooses resources (default `priority`: the block then
     /// depends only on the user, the policy and the resources, so it stays

@@ -448,6 +448,10 @@ impl McpContext {
         let t = tokio::task::spawn_blocking(move || Tokenizer::for_model(&m))
             .await
             .map_err(Error::task("tokenizer loading"))?;
+        if let Some(w) = &t.1 {
+            // Once per model loaded (not per request), at warn: shown without -v.
+            tracing::warn!("{w}");
+        }
         let mut tokenizers = self.tokenizers.lock().unwrap_or_else(|p| p.into_inner());
         // Model names come from callers (a proxy passes the request's own):
         // keep the map bounded whatever they send.

@@ -18,17 +18,14 @@ use rmcp::model::{
     ClientCapabilities, ClientConfig, Implementation, ProtocolVersion, ResourceUpdatedNotificationParam,
 };
 use rmcp::service::{NotificationContext, Peer, RunningService};
-use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
 use tokio::sync::broadcast;
 
-use super::convert::init_cause;
 use super::list::list_server;
 use super::listen::{Listener, ListenerConfig};
 use super::server::{Backoff, Server};
 use super::stderr::{StderrTail, TAIL_LINES, drain_stderr, missing_vars, pick};
 use super::{Hub, HubEvent, Shared};
-use crate::cause::redact_url;
 use crate::config::{ENV_ALLOWLIST, Protocol, ServerConfig, Transport};
 use crate::error::{Error, Result};
 use crate::pipe::{ChildPipe, Diagnostics};
@@ -264,92 +261,10 @@ async fn connect_server(cfg: &ServerConfig, host: Host, max_text: usize) -> std:
                 |v: &str| ENV_ALLOWLIST.contains(&v) || inherit_env.iter().any(|n| n == v) || env.contains_key(v);
             Err(explain_start_failure(failure, diag.first_junk(), &tail, &passed))
         }
-        Transport::Http { url, headers, sse } => {
-            use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-            let mut map = http::HeaderMap::new();
-            for (k, v) in headers {
-                let name =
-                    http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| format!("invalid header name `{k}`"))?;
-                let value = http::HeaderValue::from_str(v).map_err(|_| format!("invalid value for header `{k}`"))?;
-                map.insert(name, value);
-            }
-            if *sse {
-                let opened = tokio::time::timeout(timeout, super::sse::connect(url, map)).await;
-                let transport = match opened {
-                    Err(_) => {
-                        return Err(format!(
-                            "no `endpoint` event from {} within {} ms",
-                            redact_url(url),
-                            timeout.as_millis()
-                        ));
-                    }
-                    Ok(Err(why)) => return Err(format!("cannot connect to {}: {why}", redact_url(url))),
-                    Ok(Ok(pair)) => pair,
-                };
-                return serve_http(host, transport, cfg, url, false).await;
-            }
-            let transport = StreamableHttpClientTransport::with_client(
-                crate::http::ReadStreamingClient::with_client(cfg.http_client.clone().unwrap_or_default(), max_text),
-                StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                    .custom_headers(map.into_iter().filter_map(|(k, v)| Some((k?, v))).collect())
-                    .max_concurrent_requests(http_requests_in_flight(cfg.max_concurrent_reads)),
-            );
-            serve_http(host, transport, cfg, url, true).await
+        Transport::Http { url, headers, mode } => {
+            super::remote::connect(cfg, host, url, headers, *mode, max_text).await
         }
     }
-}
-
-/// The handshake over an HTTP transport (Streamable HTTP, or legacy SSE
-/// when `streamable` is false), bounded by the server's timeout.
-async fn serve_http<T, E, A>(
-    host: Host,
-    transport: T,
-    cfg: &ServerConfig,
-    url: &str,
-    streamable: bool,
-) -> std::result::Result<Live, String>
-where
-    T: rmcp::transport::IntoTransport<RoleClient, E, A>,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    let what = opener(cfg.protocol);
-    let service = match tokio::time::timeout(cfg.timeout, host.serve_with_lifecycle(transport, lifecycle(cfg.protocol)))
-        .await
-    {
-        Err(_) => {
-            return Err(format!("no answer to {what} from {} within {} ms", redact_url(url), cfg.timeout.as_millis()));
-        }
-        Ok(Err(e)) => {
-            let cause = init_cause(&e);
-            let hint = if streamable && looks_like_sse_only(&cause) {
-                " (an SSE-only server? set `type: sse` and the URL of its event stream, often `/sse`)"
-            } else {
-                ""
-            };
-            return Err(format!("cannot {} {}: {cause}{hint}", verb(cfg.protocol), redact_url(url)));
-        }
-        Ok(Ok(s)) => s,
-    };
-    Ok(live_from(service, None, cfg).await)
-}
-
-/// Whether a Streamable HTTP failure looks like a server that speaks only
-/// the legacy HTTP+SSE transport: `POST` not allowed, or an event stream
-/// where JSON was expected.
-fn looks_like_sse_only(cause: &str) -> bool {
-    cause.contains("HTTP 405") || cause.contains("Method Not Allowed") || cause.contains("`text/event-stream")
-}
-
-/// POSTs the Streamable HTTP transport keeps in flight for a server whose
-/// reads are bounded by `max_concurrent_reads`: its reads (never more than
-/// the global bound allows) and a few more, so that a listing, a
-/// subscription or a notification does not queue behind a full window of
-/// slow reads. rmcp's own default is 16, which would cap any larger
-/// `max_concurrent_reads` on the wire (issue 31).
-fn http_requests_in_flight(max_concurrent_reads: usize) -> usize {
-    /// Slots beyond the reads, for everything that is not a read.
-    const CONTROL_SLOTS: usize = 4;
-    max_concurrent_reads.clamp(1, super::GLOBAL_READS) + CONTROL_SLOTS
 }
 
 /// How a connection starts, for each `protocol:` setting. `auto` is rmcp's
@@ -360,7 +275,7 @@ fn http_requests_in_flight(max_concurrent_reads: usize) -> usize {
 /// the whole start is bounded by the server's `timeout_ms` (the caller's
 /// `tokio::time::timeout`), so a server that never answers costs exactly
 /// that and fails with its cause, with no hidden fixed delay.
-fn lifecycle(protocol: Protocol) -> ClientLifecycleMode {
+pub(super) fn lifecycle(protocol: Protocol) -> ClientLifecycleMode {
     match protocol {
         Protocol::V2025_11_25 => ClientLifecycleMode::Initialize,
         Protocol::V2026_07_28 => {
@@ -374,7 +289,7 @@ fn lifecycle(protocol: Protocol) -> ClientLifecycleMode {
 }
 
 /// The request(s) that open a connection under `protocol`, for messages.
-fn opener(protocol: Protocol) -> &'static str {
+pub(super) fn opener(protocol: Protocol) -> &'static str {
     match protocol {
         Protocol::V2025_11_25 => "initialize",
         Protocol::V2026_07_28 => "server/discover",
@@ -383,7 +298,7 @@ fn opener(protocol: Protocol) -> &'static str {
 }
 
 /// "cannot initialize URL" / "cannot discover URL".
-fn verb(protocol: Protocol) -> &'static str {
+pub(super) fn verb(protocol: Protocol) -> &'static str {
     match protocol {
         Protocol::V2026_07_28 => "discover",
         _ => "initialize",
@@ -428,7 +343,7 @@ impl Drop for GroupGuard {
     }
 }
 
-async fn live_from(
+pub(super) async fn live_from(
     service: RunningService<RoleClient, Host>,
     process: Option<Arc<ServerProcess>>,
     cfg: &ServerConfig,

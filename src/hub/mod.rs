@@ -6,6 +6,8 @@
 //! cancelled). Its jobs live in submodules:
 //! - `connect`: spawning or dialing a server, the handshake, process-group
 //!   supervision, reconnection with backoff and the bounded shutdown;
+//! - `remote`: dialing a `url:` server (Streamable HTTP, legacy SSE, or
+//!   the first then the second);
 //! - `list`: listing resources and templates, following every page;
 //! - `convert`: rmcp's wire types turned into ours (no rmcp type leaves
 //!   this module);
@@ -45,6 +47,7 @@ mod connect;
 mod convert;
 mod list;
 mod listen;
+mod remote;
 mod server;
 mod sse;
 mod stderr;

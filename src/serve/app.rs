@@ -154,6 +154,8 @@ pub async fn run(config: Config, opts: Options) -> crate::Result<()> {
     if let Some(l) = opts.listen {
         settings.listen = l;
     }
+    super::startup::check_identifiable(&settings, &config.path)?;
+    let key_sources = super::startup::upstream_keys(&mut settings, &|var| std::env::var(var).ok());
     let base = opts
         .upstream
         .or_else(|| settings.upstream.as_ref().map(|u| secrecy::ExposeSecret::expose_secret(u).to_owned()))
@@ -202,6 +204,12 @@ pub async fn run(config: Config, opts: Options) -> crate::Result<()> {
     let mut server = tokio::spawn(server);
     {
         use std::io::Write;
+        // Where each upstream's key comes from, said without -v (never the key itself).
+        let mut err = std::io::stderr().lock();
+        for line in &key_sources {
+            let _ = writeln!(err, "mcp-context serve: {line}");
+        }
+        drop(err);
         let mut out = std::io::stdout().lock();
         writeln!(out, "mcp-context serve: listening on http://{local}, upstream {}", state.upstream.redacted())
             .and_then(|()| out.flush())

@@ -42,12 +42,14 @@ mod identity;
 mod listen;
 mod messages;
 mod metrics;
+mod misplaced;
 mod openai;
 mod owners;
 mod path;
 mod pipeline;
 mod relay;
 mod routes;
+mod startup;
 mod status;
 mod usage;
 mod vendor;
@@ -186,7 +188,9 @@ async fn handle(
 ) -> (&'static str, Response) {
     match decided {
         // Under /v1/messages our refusals speak Anthropic's error shape.
-        Err((label, e)) if messages::claims(req.uri().path()) => (label, messages::error_response(e)),
+        Err((label, e)) if messages::claims(req.uri().path()) || misplaced::is_anthropic(req.uri().path()) => {
+            (label, messages::error_response(e))
+        }
         Err((label, e)) if gemini::claims(req.uri().path()) => (label, gemini::error_response(e)),
         Err((label, e)) => (label, e.into_response()),
         Ok(route) => {
@@ -249,6 +253,11 @@ fn decide(state: &AppState, req: &Request) -> Result<Route, (&'static str, ApiEr
         ));
     }
     let route = routes::route(req.method(), &path, &state.settings.passthrough).map_err(|why| {
+        if why == NoRoute::Unknown
+            && let Some(e) = misplaced::not_found(&path, req.headers().get(header::HOST).and_then(|h| h.to_str().ok()))
+        {
+            return ("unmatched", e);
+        }
         let message = match why {
             NoRoute::Listing => {
                 "Listing stored objects is not available through this proxy: it would show \

@@ -79,7 +79,6 @@ impl Canonical {
     }
 
     /// The decoded path, `/a/b`.
-    #[cfg(test)]
     pub(super) fn as_path(&self) -> String {
         let mut s = String::new();
         for seg in &self.segments {

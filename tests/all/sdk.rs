@@ -131,13 +131,18 @@ async fn typescript_sdk_server_forced_to_2025_11_25() {
 
 /// tests/python-mcp/server.py on the SDK's legacy HTTP+SSE transport
 /// (`SseServerTransport` under uvicorn), and the port it listens on.
-async fn python_sse_server(py: &Path, dir: &Path) -> (tokio::process::Child, u16) {
+pub(crate) async fn python_sse_server(py: &Path, dir: &Path) -> (tokio::process::Child, u16) {
     python_http_server(py, dir, "--sse-port-file", &[]).await
 }
 
 /// tests/python-mcp/server.py listening on a free port, `mode` its
 /// `--sse-port-file` or `--http-port-file` flag, with `extra` arguments.
-async fn python_http_server(py: &Path, dir: &Path, mode: &str, extra: &[&str]) -> (tokio::process::Child, u16) {
+pub(crate) async fn python_http_server(
+    py: &Path,
+    dir: &Path,
+    mode: &str,
+    extra: &[&str],
+) -> (tokio::process::Child, u16) {
     let port_file = dir.join(format!("port{mode}"));
     let (log, live) = live_files(dir);
     let child = tokio::process::Command::new(py)

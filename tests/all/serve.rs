@@ -318,19 +318,34 @@ impl Proxy {
 
     /// [`Proxy::start_config`] with more arguments for `serve`.
     pub async fn start_config_with(body: &str, upstream: &str, tag: String, extra: &[&str]) -> Proxy {
+        Self::start_config_env(body, upstream, tag, extra, &[("MCP_CONTEXT_LOG", Some("info,rmcp=off"))]).await
+    }
+
+    /// [`Proxy::start_config_with`] with these variables set (`Some`) or removed (`None`).
+    pub async fn start_config_env(
+        body: &str,
+        upstream: &str,
+        tag: String,
+        extra: &[&str],
+        env: &[(&str, Option<&str>)],
+    ) -> Proxy {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("policies")).unwrap();
         std::fs::copy(policies_dir().join("default.yaml"), dir.path().join("policies/default.yaml")).unwrap();
         let config = dir.path().join("c.yaml");
         std::fs::write(&config, body).unwrap();
         let log = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
-        let mut child = tokio::process::Command::new(MCP_CONTEXT)
+        let mut cmd = tokio::process::Command::new(MCP_CONTEXT);
+        for (k, _) in env.iter().filter(|(_, v)| v.is_none()) {
+            cmd.env_remove(k);
+        }
+        let mut child = cmd
             .args(["serve", "--config"])
             .arg(&config)
             .args(["--listen", "127.0.0.1:0", "--upstream", upstream])
             .args(extra)
             .env("MCP_TEST_TAG", &tag)
-            .env("MCP_CONTEXT_LOG", "info,rmcp=off")
+            .envs(env.iter().filter_map(|(k, v)| v.map(|v| (*k, v))))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
