@@ -37,6 +37,7 @@ mod created;
 mod error;
 mod identity;
 mod listen;
+mod mcp;
 mod messages;
 mod metrics;
 mod owners;
@@ -101,6 +102,8 @@ struct AppState {
     oauth: Option<Arc<crate::credentials::OAuthFlows>>,
     /// The token flows run before a request (refresh, token exchange).
     flows: Option<Arc<crate::credentials::CredentialFlows>>,
+    /// `serve.mcp`: the MCP endpoint (`/mcp`), if on.
+    mcp: Option<mcp::Endpoint>,
 }
 
 type Shared = Arc<AppState>;
@@ -213,6 +216,8 @@ async fn handle(
                     Route::Metrics => Ok(status::metrics(&state)),
                     Route::AuthStart { server } => connect::start(&state, req, &server).await,
                     Route::AuthCallback => connect::callback(&state, req).await,
+                    Route::Mcp => Ok(mcp::handle(&state, req).await),
+                    Route::ProtectedResource => Ok(mcp::protected_resource(&state)),
                 }
             }
             .await;

@@ -23,6 +23,7 @@ mod hub;
 mod inject;
 mod jwt;
 mod latency;
+mod mcp_endpoint;
 mod memory;
 mod messages;
 mod oauth;
