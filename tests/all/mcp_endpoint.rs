@@ -65,8 +65,9 @@ impl Setup {
         format!("{}/mcp", self.proxy.url)
     }
 
+    /// The reads the fixture served (its log also names the cache's `subscribe`s).
     fn reads(&self) -> Vec<String> {
-        read_log(&self.reads)
+        read_log(&self.reads).into_iter().filter(|l| !l.starts_with("subscribe ")).collect()
     }
 
     fn audit(&self) -> Vec<Value> {
