@@ -20,6 +20,8 @@ use crate::resource::{Contents, Resource, ResourceTemplate};
 
 /// One caller's view of every configured server, shared and per user.
 #[derive(Debug, Default)]
+// Without `serve` only the resources are read (the CLI's and the tools' listing).
+#[cfg_attr(not(feature = "serve"), allow(dead_code))]
 pub(crate) struct CallerView {
     /// What the policy lets the caller see: the listings, then the user's
     /// includes, in config order. `audience: [user]` resources are kept
