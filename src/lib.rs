@@ -128,6 +128,7 @@ pub mod settings {
     pub use crate::config::{
         ClientAuthMethod, OAuthSettings, PerUserHeadersSettings, ServerAuth, TokenExchangeSettings,
     };
+    pub use crate::config::{DEFAULT_MCP_PAGE_SIZE, McpSettings};
     pub use crate::config::{DEFAULT_SERVICE_NAME, TelemetrySettings};
 }
 

@@ -36,6 +36,8 @@ mod credentials;
 mod env;
 mod host;
 mod jwt;
+mod mcp;
+mod passthrough;
 mod serve;
 mod servers;
 mod telemetry;
@@ -63,6 +65,7 @@ pub use self::credentials::{
 use self::env::Expander;
 #[cfg(feature = "jwt")]
 pub use self::jwt::JwtConfig;
+pub use self::mcp::{DEFAULT_MCP_PAGE_SIZE, McpSettings};
 use self::serve::RawServe;
 pub use self::serve::{
     DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_FIELDS, DEFAULT_UPSTREAM, KeyDigest, PassthroughRule,

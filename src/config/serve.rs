@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use super::config_error;
 use super::env::{expand_vars, unexpanded};
+pub use super::passthrough::PassthroughRule;
 use super::vendors::{AnthropicSettings, GeminiSettings};
 use super::vendors::{RawAnthropic, RawGemini};
 use crate::error::Error;
@@ -56,6 +57,7 @@ pub(super) struct RawServe {
     gemini: Option<RawGemini>,
     jwt: Option<super::jwt::RawJwt>,
     public_url: Option<String>,
+    mcp: Option<super::mcp::RawMcp>,
 }
 
 #[derive(Deserialize)]
@@ -87,53 +89,6 @@ pub enum UpstreamUser {
     Pseudonym,
     /// Removed from the body.
     Drop,
-}
-
-/// One `serve.passthrough` entry: a method and a path pattern under `/v1/`
-/// (`*` one segment, a last `**` one or more), relayed without injection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PassthroughRule {
-    /// `GET`, `POST`, `PUT`, `PATCH` or `DELETE`.
-    pub method: String,
-    /// The path's segments, e.g. `["v1", "files", "*"]`.
-    pub segments: Vec<String>,
-}
-
-impl PassthroughRule {
-    /// Parses `METHOD /v1/path/pattern`.
-    pub fn parse(text: &str) -> std::result::Result<Self, String> {
-        let hint = "write `METHOD /v1/PATH`, e.g. `GET /v1/files/*` (`*` one segment, a last `**` the rest)";
-        let (method, path) = text.trim().split_once(' ').ok_or_else(|| format!("`{text}`: {hint}"))?;
-        let method = method.to_ascii_uppercase();
-        if !["GET", "POST", "PUT", "PATCH", "DELETE"].contains(&method.as_str()) {
-            return Err(format!("`{text}`: `{method}` is not GET, POST, PUT, PATCH or DELETE"));
-        }
-        let segments: Vec<String> = path.trim().trim_start_matches('/').split('/').map(str::to_owned).collect();
-        if !path.trim().starts_with("/v1/") || segments.len() < 2 {
-            return Err(format!("`{text}`: the path must start with `/v1/`; {hint}"));
-        }
-        for (i, seg) in segments.iter().enumerate() {
-            let ok = !seg.is_empty()
-                && seg != "."
-                && seg != ".."
-                && (seg == "*"
-                    || (seg == "**" && i == segments.len() - 1)
-                    || seg.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.~:@".contains(&b)));
-            if !ok {
-                return Err(format!("`{text}`: `{seg}` is not a path segment; {hint}"));
-            }
-        }
-        Ok(Self { method, segments })
-    }
-
-    /// The default list: what an application needs next to chat, with no
-    /// stored state (`GET /v1/models`, `GET /v1/models/*`, `POST /v1/embeddings`, `POST /v1/moderations`).
-    pub fn defaults() -> Vec<Self> {
-        ["GET /v1/models", "GET /v1/models/*", "POST /v1/embeddings", "POST /v1/moderations"]
-            .iter()
-            .map(|r| Self::parse(r).expect("the default rules parse"))
-            .collect()
-    }
 }
 
 /// One caller key of `serve.keys`: only its SHA-256 digest is stored.
@@ -236,6 +191,8 @@ pub struct ServeSettings {
     /// redirect URI of `auth: { type: oauth }` servers
     /// (`{public_url}/auth/callback`); `None`: `http://{listen}`.
     pub public_url: Option<String>,
+    /// `serve.mcp`: the MCP endpoint of each caller's resources (`/mcp`); `None`: off.
+    pub mcp: Option<super::mcp::McpSettings>,
 }
 
 impl Default for ServeSettings {
@@ -257,6 +214,7 @@ impl Default for ServeSettings {
             passthrough: PassthroughRule::defaults(),
             allowed_hosts: None,
             public_url: None,
+            mcp: None,
             upstream_user: UpstreamUser::Identified,
             pseudonym_key: None,
             readyz_details: false,
@@ -553,6 +511,7 @@ pub(super) fn settings(
         gemini,
         #[cfg(feature = "jwt")]
         jwt,
+        mcp: raw.mcp.and_then(|m| super::mcp::settings(m, node.get("mcp").unwrap_or(node), path, &fail)),
     };
     let problems = problems.into_inner();
     if problems.is_empty() { Ok(settings) } else { Err(problems) }

@@ -84,6 +84,7 @@ mod memo;
 mod message;
 mod read;
 mod select;
+mod served;
 
 mod request;
 mod views;
@@ -243,33 +244,7 @@ impl McpContext {
     /// as in an injection; a user holding no credential for that server gets
     /// `Ok(None)` and opens nothing.
     pub async fn read_for(&self, user: &str, id: &ResourceId) -> Result<Option<(Arc<Resource>, Arc<Contents>)>> {
-        // One policy snapshot for the gate and the decision.
-        let up = self.policy().for_user(user);
-        let own = self.views_serving(user, &id.server).await;
-        let (hub, cache) = match &own {
-            Some(own) => match own.view(&id.server) {
-                Some(v) => (&v.hub, &v.cache),
-                None => return Ok(None),
-            },
-            None => (&self.hub, &self.cache),
-        };
-        let Ok(admitted) = admit(hub, &up, id) else { return Ok(None) };
-        if !up.decide(&admitted.resource).allowed {
-            return Ok(None);
-        }
-        match cache.read(&admitted.resource.id, user).await {
-            Ok(c) => Ok(Some((admitted.resource, c.contents))),
-            Err(Error::NotFound { .. }) => Ok(None),
-            Err(e) => {
-                // The server refused the user's credential: `denied_by_server` from now on, as after an injection's read.
-                if let Some(own) = &own
-                    && crate::credentials::looks_denied(&e.to_string())
-                {
-                    own.mark_denied(&id.server);
-                }
-                Err(e)
-            }
-        }
+        self.read_as(&ContextRequest::for_user(user), id).await
     }
 
     /// The shared cache's state in this process (`None` with the memory
@@ -305,9 +280,8 @@ impl McpContext {
     /// those of the user's own views of per-user servers (opened as for an
     /// injection), then the user's policy includes. Nothing is read.
     pub async fn visible_resources(&self, user: &str) -> Vec<Resource> {
-        let up = self.policy().for_user(user);
-        let (all, _) = select::candidates(&self.hub, &up, &self.user_views(user).await);
-        all.into_iter().filter(|r| up.decide(r).allowed).map(Arc::unwrap_or_clone).collect()
+        let view = self.view_of(&ContextRequest::for_user(user)).await;
+        view.resources.into_iter().map(Arc::unwrap_or_clone).collect()
     }
 
     /// Passes a requested `server:uri` through the gate for `user` (see

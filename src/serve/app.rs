@@ -129,6 +129,7 @@ fn app_state(
         .credentials()
         .and_then(|c| crate::credentials::CredentialFlows::from_config(config, c.store().clone()))
         .map(Arc::new);
+    let mcp = super::mcp::Endpoint::new(&ctx, &settings, flows.clone())?;
     Ok(Arc::new(AppState {
         jwt: verifier(&ctx, config, &settings)?,
         anthropic: anthropic(&settings)?,
@@ -144,6 +145,7 @@ fn app_state(
         policy_path: config.policy.clone(),
         draining: AtomicBool::new(false),
         oauth: flows.as_ref().map(|f| f.oauth().clone()),
+        mcp,
         flows,
     }))
 }

@@ -40,6 +40,7 @@ mod error;
 mod gemini;
 mod identity;
 mod listen;
+mod mcp;
 mod messages;
 mod metrics;
 mod misplaced;
@@ -111,6 +112,8 @@ struct AppState {
     oauth: Option<Arc<crate::credentials::OAuthFlows>>,
     /// The token flows run before a request (refresh, token exchange).
     flows: Option<Arc<crate::credentials::CredentialFlows>>,
+    /// `serve.mcp`: the MCP endpoint (`/mcp`), if on.
+    mcp: Option<mcp::Endpoint>,
 }
 
 type Shared = Arc<AppState>;
@@ -232,6 +235,8 @@ async fn handle(
                     Route::Metrics => Ok(status::metrics(&state)),
                     Route::AuthStart { server } => connect::start(&state, req, &server).await,
                     Route::AuthCallback => connect::callback(&state, req).await,
+                    Route::Mcp => Ok(mcp::handle(&state, req).await),
+                    Route::ProtectedResource => Ok(mcp::protected_resource(&state)),
                 }
             }
             .await;

@@ -70,6 +70,10 @@ pub(super) enum Route {
     },
     /// `GET /auth/callback`: the authorization server's redirect back.
     AuthCallback,
+    /// `/mcp` (`serve.mcp`): the MCP endpoint of the caller's resources.
+    Mcp,
+    /// `GET /.well-known/oauth-protected-resource[/mcp]`: its metadata (RFC 9728).
+    ProtectedResource,
 }
 
 impl Route {
@@ -98,6 +102,8 @@ impl Route {
             Route::Metrics => "/metrics",
             Route::AuthStart { .. } => "/auth/{server}/start",
             Route::AuthCallback => "/auth/callback",
+            Route::Mcp => "/mcp",
+            Route::ProtectedResource => "/.well-known/oauth-protected-resource",
         }
     }
 }
@@ -143,6 +149,10 @@ pub(super) fn route(method: &Method, path: &Canonical, allow: &[PassthroughRule]
         }
         // The rest of Gemini's API (batches, caches, files, tuned models) is not relayed.
         (_, ["v1beta", ..]) => return Err(NoRoute::Unknown),
+        ("GET" | "POST" | "DELETE", ["mcp"]) => return Ok(Route::Mcp),
+        ("GET", [".well-known", "oauth-protected-resource"] | [".well-known", "oauth-protected-resource", "mcp"]) => {
+            return Ok(Route::ProtectedResource);
+        }
         // Batches and anything else under it would reach the model without
         // the context: never opened by the allowlist.
         (_, ["v1", "messages", ..]) => return Err(NoRoute::Unknown),

@@ -30,6 +30,7 @@ mod hybrid;
 mod inject;
 mod jwt;
 mod latency;
+mod mcp_endpoint;
 mod memory;
 mod messages;
 mod oauth;
