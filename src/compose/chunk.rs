@@ -291,6 +291,12 @@ impl ChunkIndex {
     #[must_use]
     pub fn with_semantic(mut self, semantic: Option<SemanticSettings>) -> Self {
         self.semantic = semantic.filter(|_| cfg!(feature = "semantic"));
+        // The model is loaded here, once per process (about 50 MB, a few tenths of a second), so
+        // that no request pays for it.
+        #[cfg(feature = "semantic")]
+        if self.semantic.is_some() {
+            super::semantic::load();
+        }
         self
     }
 

@@ -140,6 +140,12 @@ fn queue() -> &'static Queue {
     })
 }
 
+/// Loads the model and starts the background thread, if not yet done.
+pub(crate) fn load() {
+    Encoder::get();
+    queue();
+}
+
 /// Asks the background thread to embed the chunks of `chunked` (at once if it is idle).
 pub(crate) fn enqueue(chunked: &Arc<Chunked>) {
     let q = queue();

@@ -126,11 +126,10 @@ async fn hybrid_beats_lexical_on_plain_words_and_keeps_quoted_questions() {
     let lexical = engine(&t, "  semantic: off\n").await;
     let hybrid = engine(&t, "").await;
     let semantic = engine(&t, "  semantic_weight: 1\n").await;
+    // The other fusion, and a lower weight (tests/all/hybrid.rs's history has more: mix 0.5 gave
+    // 0.977 / 0.771, rrf 0.5 0.983 / 0.674).
     let variants = [
-        ("mix, weight 0.5", "  semantic_weight: 0.5\n"),
         ("mix, weight 0.7", "  semantic_weight: 0.7\n"),
-        ("mix, weight 0.9", "  semantic_weight: 0.9\n"),
-        ("rrf, weight 0.5", "  fusion: rrf\n  semantic_weight: 0.5\n"),
         ("rrf, weight 0.8", "  fusion: rrf\n  semantic_weight: 0.8\n"),
     ];
     let mut others = Vec::new();
@@ -158,10 +157,11 @@ async fn hybrid_beats_lexical_on_plain_words_and_keeps_quoted_questions() {
         table.push(r);
     }
     let (lex, hyb) = (table[0], table[table.len() - 1]);
-    // Floors: the target on plain words (0.40, where lexical is about 0.1), and nothing
-    // that matters lost on the questions that quote the document.
-    assert!(hyb.1 >= 0.40 && hyb.1 >= lex.1 + 0.20, "plain words: hybrid {:.3}, lexical {:.3}", hyb.1, lex.1);
-    assert!(hyb.0 >= lex.0 - 0.03, "own questions: hybrid {:.3}, lexical {:.3}", hyb.0, lex.0);
+    // Floors, a little under what was measured (0.989 and 0.920 with the defaults; BM25 alone
+    // 0.931 and 0.286): far above the target on plain words (0.40) and BM25 there, and
+    // nothing lost on the questions that quote the document.
+    assert!(hyb.1 >= 0.85 && hyb.1 >= lex.1 + 0.40, "plain words: hybrid {:.3}, lexical {:.3}", hyb.1, lex.1);
+    assert!(hyb.0 >= 0.95 && hyb.0 >= lex.0, "own questions: hybrid {:.3}, lexical {:.3}", hyb.0, lex.0);
     for ctx in [lexical, hybrid, semantic].into_iter().chain(others.into_iter().map(|(_, c)| c)) {
         ctx.close().await;
     }
