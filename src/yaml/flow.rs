@@ -46,7 +46,8 @@ pub(super) fn mismatch(src: &str, end: usize) -> Option<(Pos, String)> {
         match c {
             '#' if prev.is_whitespace() => skip_line(&mut chars, &mut column),
             '"' | '\'' if value_start => {
-                if !skip_quoted(&mut chars, c, &mut line, &mut column) {
+                let closed = skip_quoted(&mut chars, c, &mut line, &mut column);
+                if !closed {
                     return None;
                 }
             }
@@ -91,9 +92,8 @@ fn skip_quoted(
         match c {
             '\n' => (*line, *column) = (*line + 1, 0),
             '\\' if quote == '"' => {
-                if chars.next_if(|&c| c != '\n').is_some() {
-                    *column += 1;
-                }
+                let escaped = chars.next_if(|&c| c != '\n');
+                *column += usize::from(escaped.is_some());
             }
             '\'' if quote == '\'' && chars.peek() == Some(&'\'') => {
                 chars.next();
