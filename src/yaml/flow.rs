@@ -10,8 +10,10 @@
 use super::Pos;
 
 /// Where the first closing bracket that does not match the open flow
-/// collection is, in `src[..end]`, and what was expected instead.
+/// collection is, up to the character at byte `end`, and what was expected instead.
 pub(super) fn mismatch(src: &str, end: usize) -> Option<(Pos, String)> {
+    // The character at `end` included: saphyr may stop at the bracket itself.
+    let end = src.get(end..).and_then(|r| r.chars().next()).map_or(end, |c| end + c.len_utf8());
     let text = src.get(..end).unwrap_or(src);
     let mut open: Vec<(char, Pos)> = Vec::new();
     let (mut line, mut column) = (1usize, 0usize);
