@@ -10,8 +10,10 @@
 use super::Pos;
 
 /// Where the first closing bracket that does not match the open flow
-/// collection is, in `src[..end]`, and what was expected instead.
+/// collection is, up to the character at byte `end`, and what was expected instead.
 pub(super) fn mismatch(src: &str, end: usize) -> Option<(Pos, String)> {
+    // The character at `end` included: saphyr may stop at the bracket itself.
+    let end = src.get(end..).and_then(|r| r.chars().next()).map_or(end, |c| end + c.len_utf8());
     let text = src.get(..end).unwrap_or(src);
     let mut open: Vec<(char, Pos)> = Vec::new();
     let (mut line, mut column) = (1usize, 0usize);
@@ -46,7 +48,8 @@ pub(super) fn mismatch(src: &str, end: usize) -> Option<(Pos, String)> {
         match c {
             '#' if prev.is_whitespace() => skip_line(&mut chars, &mut column),
             '"' | '\'' if value_start => {
-                if !skip_quoted(&mut chars, c, &mut line, &mut column) {
+                let closed = skip_quoted(&mut chars, c, &mut line, &mut column);
+                if !closed {
                     return None;
                 }
             }
@@ -91,9 +94,8 @@ fn skip_quoted(
         match c {
             '\n' => (*line, *column) = (*line + 1, 0),
             '\\' if quote == '"' => {
-                if chars.next_if(|&c| c != '\n').is_some() {
-                    *column += 1;
-                }
+                let escaped = chars.next_if(|&c| c != '\n');
+                *column += usize::from(escaped.is_some());
             }
             '\'' if quote == '\'' && chars.peek() == Some(&'\'') => {
                 chars.next();

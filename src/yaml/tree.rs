@@ -84,9 +84,9 @@ impl<'a> Parser<'a> {
     fn error(&self, e: &sp::ScanError) -> Problem {
         let m = e.marker();
         let pos = Some(pos_of_marker(m));
-        // A flow collection closed by the wrong bracket before it: the fault is there.
+        // A flow collection closed by the wrong bracket before it (or at it): the fault is there.
         if let Some((at, message)) = super::flow::mismatch(self.src, self.byte(m.index()) as usize)
-            && pos.is_none_or(|p| (at.line, at.column) < (p.line, p.column))
+            && pos.is_none_or(|p| (at.line, at.column) <= (p.line, p.column))
         {
             return Problem { pos: Some(at), message };
         }
