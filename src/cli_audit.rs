@@ -52,7 +52,7 @@ fn since_arg(text: &str) -> Result<String, String> {
 pub(crate) async fn run(config: &Config, command: AuditCommand) -> anyhow::Result<ExitCode> {
     let (q, json, who) = match command {
         AuditCommand::Who { resource, since, json } => {
-            let resource = crate::cli_ids::parse(config, &resource)?.to_string();
+            let resource = crate::cli_ids::lookup(config, &resource)?;
             (AuditQuery::WhoReceived { resource, since }, json, true)
         }
         AuditCommand::User { user, since, json } => (AuditQuery::ReceivedBy { user, since }, json, false),

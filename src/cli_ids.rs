@@ -31,3 +31,12 @@ pub(crate) fn parse(config: &Config, text: &str) -> anyhow::Result<ResourceId> {
         None => Ok(id),
     }
 }
+
+/// `text` as an audit lookup: taken exactly as recorded (an audited id may hold what a server named, control
+/// characters included, which [`parse`] refuses), refused only with the hint when its server was forgotten.
+pub(crate) fn lookup(config: &Config, text: &str) -> anyhow::Result<String> {
+    match ResourceId::parse(text).ok().and_then(|id| forgotten_server(config, &id)) {
+        Some(e) => Err(e),
+        None => Ok(text.to_owned()),
+    }
+}

@@ -439,7 +439,8 @@ async fn command(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
         }
         #[cfg(feature = "serve")]
         Command::Serve { listen, upstream, command: None } => {
-            serve::run(config, serve::Options::new(listen, upstream)).await?;
+            serve::run(config, serve::Options::new(listen, upstream).with_json_logs(cli.log_format == LogFormat::Json))
+                .await?;
             Ok(ExitCode::SUCCESS)
         }
         #[cfg(feature = "serve")]

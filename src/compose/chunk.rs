@@ -290,14 +290,19 @@ impl ChunkIndex {
     /// and this changes nothing.
     #[must_use]
     pub fn with_semantic(mut self, semantic: Option<SemanticSettings>) -> Self {
+        // The model is loaded on first use (about 50 MB, a few tenths of a second): a one-shot
+        // command that never ranks by relevance never pays for it; `serve` loads it at start
+        // ([`ChunkIndex::load_model`]) so that no request does.
         self.semantic = semantic.filter(|_| cfg!(feature = "semantic"));
-        // The model is loaded here, once per process (about 50 MB, a few tenths of a second), so
-        // that no request pays for it.
+        self
+    }
+
+    /// Loads the embedding model now if this index ranks with it (once per process).
+    pub(crate) fn load_model(&self) {
         #[cfg(feature = "semantic")]
         if self.semantic.is_some() {
             super::semantic::load();
         }
-        self
     }
 
     /// Hybrid ranking's settings, when it is on (and built in).

@@ -230,6 +230,12 @@ impl McpContext {
     }
 
     /// Token counts remembered by content, shared with tool results.
+    /// Loads relevance mode's embedding model now, if it ranks with one: a long-running
+    /// host (`serve`) calls this at start so that no request pays for the load.
+    pub(crate) fn load_model(&self) {
+        self.chunks.load_model();
+    }
+
     pub(crate) fn token_cache(&self) -> Arc<TokenCache> {
         self.tokens.clone()
     }

@@ -13,12 +13,22 @@ pub struct Options {
     /// `--upstream`: the upstream base URL (else `serve.upstream`, then
     /// `$OPENAI_BASE_URL`, then OpenAI's).
     pub upstream: Option<String>,
+    /// `--log-format json`: the start lines on stderr are JSON objects too,
+    /// so that every stderr line of a JSON-logging proxy parses.
+    pub json_logs: bool,
 }
 
 impl Options {
     /// Overrides of the listen address and the upstream.
     pub fn new(listen: Option<String>, upstream: Option<String>) -> Self {
-        Options { listen, upstream }
+        Options { listen, upstream, json_logs: false }
+    }
+
+    /// The same, saying whether stderr carries JSON logs.
+    #[must_use]
+    pub fn with_json_logs(mut self, json: bool) -> Self {
+        self.json_logs = json;
+        self
     }
 }
 
@@ -178,6 +188,7 @@ pub async fn run(config: Config, opts: Options) -> crate::Result<()> {
     // The address actually bound (port 0 resolved): the default redirect URI of `oauth` servers names it.
     settings.listen = local.to_string();
     let ctx = Arc::new(McpContext::from_config(&config).await?);
+    ctx.load_model();
     // `needs_authorization` names this proxy's `/auth/{server}/start`.
     if let Some(c) = ctx.credentials() {
         c.set_auth_base(Some(config.serve.public_url.clone().unwrap_or_else(|| format!("http://{local}"))));
@@ -209,7 +220,17 @@ pub async fn run(config: Config, opts: Options) -> crate::Result<()> {
         // Where each upstream's key comes from, said without -v (never the key itself).
         let mut err = std::io::stderr().lock();
         for line in &key_sources {
-            let _ = writeln!(err, "mcp-context serve: {line}");
+            let _ = if opts.json_logs {
+                let (what, source) = line.split_once(": ").unwrap_or((line.as_str(), ""));
+                let event = serde_json::json!({
+                    "level": "INFO",
+                    "fields": {"message": what, "source": source},
+                    "target": "mcp_context::serve::startup",
+                });
+                writeln!(err, "{event}")
+            } else {
+                writeln!(err, "mcp-context serve: {line}")
+            };
         }
         drop(err);
         let mut out = std::io::stdout().lock();

@@ -256,7 +256,10 @@ async fn http_errors_name_the_url_and_the_cause() {
         ),
     ];
     for (url, expected) in cases {
-        let (_dir, cfg) = temp_config(&format!("servers:\n  h:\n    url: {url:?}\n    timeout_ms: 5000\n"));
+        // `type: http`: Streamable HTTP only (a bare `url` would try the legacy SSE transport after a 404: the
+        // fallback's own errors are tested in remote_config.rs).
+        let (_dir, cfg) =
+            temp_config(&format!("servers:\n  h:\n    url: {url:?}\n    type: http\n    timeout_ms: 5000\n"));
         let out = tokio::task::spawn_blocking(move || run(&cfg, &["list"])).await.unwrap();
         assert_eq!(out.status.code(), Some(1), "{url}");
         let err = text(&out.stderr);

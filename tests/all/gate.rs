@@ -146,9 +146,25 @@ fn assert_no_canary(what: &str, text: &str) {
 fn preview_select_refuses_every_spelling_and_reads_nothing_denied() {
     let t = tag();
     let s = Setup::new(&t);
+    // A spelling that is exactly a listed URI is decided as listed (and denied); any other is an id no server
+    // offers, and `--select` of one exits 1 naming it, having read nothing.
+    let listed = |id: &str| FS_FILES.iter().any(|(f, _)| id.split_once(':').unwrap().1 == *f);
     for user in ["alice", "dora"] {
         let mut args = vec!["preview", "--user", user, "--json"];
         for id in HOSTILE.iter().chain(LEGIT.iter().map(|(id, _)| id)) {
+            args.extend(["--select", id]);
+        }
+        let (ok, stdout, stderr) = s.cli(&args);
+        assert!(!ok, "unknown ids are refused: {stdout}");
+        assert_no_canary("preview", &stdout);
+        assert_no_canary("preview", &stderr);
+        for id in HOSTILE.iter().filter(|id| !listed(id)) {
+            assert!(stderr.contains(&format!("`{id}`")), "{user}: {id} not named: {stderr}");
+        }
+        s.assert_no_denied_read(user);
+
+        let mut args = vec!["preview", "--user", user, "--json"];
+        for id in HOSTILE.iter().filter(|id| listed(id)).chain(LEGIT.iter().map(|(id, _)| id)) {
             args.extend(["--select", id]);
         }
         let (ok, stdout, stderr) = s.cli(&args);
@@ -161,14 +177,10 @@ fn preview_select_refuses_every_spelling_and_reads_nothing_denied() {
         }
         let included: Vec<&str> = v["included"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
         let excluded = v["excluded"].as_array().unwrap();
-        for id in HOSTILE {
-            // Never rewritten: refused by the gate as not found, unless it is
-            // exactly a listed URI (then decided as listed, and denied).
-            let listed = FS_FILES.iter().any(|(f, _)| id.split_once(':').unwrap().1 == *f);
+        for id in HOSTILE.iter().filter(|id| listed(id)) {
             assert!(!included.contains(id), "{user}: {id} included");
             let e = excluded.iter().find(|e| e["id"] == *id).unwrap_or_else(|| panic!("{user}: {id} absent"));
-            let expected = if listed { "denied" } else { "not_found" };
-            assert_eq!(e["reason"], expected, "{user}: {id}");
+            assert_eq!(e["reason"], "denied", "{user}: {id}");
         }
         // `SECRET://payroll` is not the listed `secret://payroll`: nothing
         // decided (or read) that listed secret.
