@@ -355,3 +355,72 @@ async fn the_serve_quick_start_runs_as_written_on_a_fresh_clone() {
     assert_ne!(auth, Some("Bearer sk-alice-demo"), "the caller's demo key never goes upstream");
     child.kill().await.unwrap();
 }
+
+/// The Claude Code quick start as the README writes it: `serve` on the demo config with the operator's
+/// `ANTHROPIC_API_KEY` (the README's `…` filled in, as a reader would), a local Messages API stand-in as
+/// `$ANTHROPIC_UPSTREAM`, and Claude Code pointed at it with the README's base URL rule and alice's demo key (run as
+/// `claude -p`, the same program without its terminal interface): every turn upstream carries alice's own context as
+/// the last `system` block and the operator's key, never alice's.
+#[tokio::test]
+async fn the_claude_code_quick_start_gives_claude_code_alices_context() {
+    let test = "the_claude_code_quick_start_gives_claude_code_alices_context";
+    let Some(claude) = crate::messages::claude_code() else {
+        return skip(test, crate::messages::NO_CLAUDE_CODE);
+    };
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let script = block_after(&readme, "## Quick start: Claude Code", "sh");
+    let lines: Vec<&str> =
+        script.lines().map(|l| l.split(" # ").next().unwrap().trim()).filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 2, "serve, then claude: {script}");
+    let operator = "sk-ant-operator-of-the-quick-start";
+    let serve = lines[0].strip_suffix('&').expect("serve runs in the background").trim().replace("sk-ant-…", operator);
+    assert!(serve.contains(&format!("ANTHROPIC_API_KEY={operator} mcp-context serve")), "{serve}");
+    let stand = crate::messages::Stand::start().await;
+    let bins = bin_dir();
+    let path = format!("{}:{}", bins.path().display(), std::env::var("PATH").unwrap_or_default());
+    let mut child = tokio::process::Command::new("sh")
+        .args(["-c", &format!("exec env {serve} --listen 127.0.0.1:0")])
+        .current_dir(ROOT)
+        .env("PATH", &path)
+        .env("ANTHROPIC_UPSTREAM", &stand.base)
+        .env("MCP_TEST_TAG", tag())
+        .env_remove("OPENAI_API_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(line)) = out.next_line().await {
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                return Some(rest.split(',').next().unwrap().to_owned());
+            }
+        }
+        None
+    });
+    let Ok(Some(url)) = listening.await else { panic!("`{serve}` did not start") };
+    let words: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(words.last(), Some(&"claude"), "{}", lines[1]);
+    assert!(words.contains(&"ANTHROPIC_BASE_URL=http://127.0.0.1:8787"), "the base URL without /v1: {}", lines[1]);
+    let key = words.iter().find_map(|w| w.strip_prefix("ANTHROPIC_API_KEY=")).expect("alice's demo key");
+    assert_eq!(key, "sk-alice-demo");
+    let project = tempfile::tempdir().unwrap();
+    let r = crate::messages::run_claude(&claude, &url, key, "What is new?", project.path()).await;
+    assert_eq!(r["is_error"], false, "{r}");
+    assert_eq!(r["result"], crate::messages::ANSWER, "{r}");
+    let turns: Vec<_> =
+        stand.messages().into_iter().filter(|g| g.body["tools"].as_array().is_some_and(|t| !t.is_empty())).collect();
+    assert!(!turns.is_empty(), "Claude Code's turn reached the upstream: {:#?}", stand.got());
+    for g in &turns {
+        assert_eq!(g.headers.get("x-api-key").map(String::as_str), Some(operator), "the operator's key upstream");
+        let text = String::from_utf8_lossy(&g.bytes);
+        assert!(!text.contains("sk-alice-demo"), "alice's key never goes upstream");
+        let last = g.body["system"].as_array().and_then(|s| s.last()).cloned().unwrap_or_default();
+        let ours = last["text"].as_str().unwrap_or_default();
+        assert!(ours.contains("demo://users/alice/profile"), "alice's context is the last system block: {last}");
+        assert!(!ours.contains("demo://users/bob/"), "nothing of bob's: {ours}");
+    }
+    child.kill().await.unwrap();
+}
