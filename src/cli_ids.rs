@@ -22,18 +22,8 @@ pub(crate) fn forgotten_server(config: &Config, id: &ResourceId) -> Option<anyho
     ))
 }
 
-/// `text` checked as a `SERVER:URI` for the CLI: parsed, and refused with
-/// the hint when its server was forgotten.
-pub(crate) fn parse(config: &Config, text: &str) -> anyhow::Result<ResourceId> {
-    let id = ResourceId::parse(text)?;
-    match forgotten_server(config, &id) {
-        Some(e) => Err(e),
-        None => Ok(id),
-    }
-}
-
 /// `text` as an audit lookup: taken exactly as recorded (an audited id may hold what a server named, control
-/// characters included, which [`parse`] refuses), refused only with the hint when its server was forgotten.
+/// characters included, which `ResourceId::parse` refuses), refused only with the hint when its server was forgotten.
 pub(crate) fn lookup(config: &Config, text: &str) -> anyhow::Result<String> {
     match ResourceId::parse(text).ok().and_then(|id| forgotten_server(config, &id)) {
         Some(e) => Err(e),
