@@ -271,7 +271,11 @@ async fn eight_dense_bodies_at_once_cost_no_more_than_the_body_budget() {
     let served = statuses.iter().filter(|s| **s == 200).count();
     assert!(served >= 1, "{statuses:?}");
     assert_eq!(up.got().len(), served + 2, "each served body reached the upstream once (and the two warm-ups)");
-    assert!(grown <= 2 * budget, "8 bodies at once grew the peak RSS by {grown} bytes (budget {budget})");
+    // Each admitted body costs at most about three times its bytes (the raw body, the copy placed for the upstream,
+    // the index of its fields: the bound for one body), and the budget admits bodies by their raw bytes, so
+    // eight at once stay within three budgets however they overlap (alone: +64-74 MiB; on a loaded CI machine, where
+    // the four admitted ones overlap fully, up to +99 MiB; unbounded: +1,853 MiB).
+    assert!(grown <= 3 * budget, "8 bodies at once grew the peak RSS by {grown} bytes (budget {budget})");
 }
 
 #[tokio::test]
