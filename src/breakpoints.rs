@@ -2,8 +2,8 @@
 //! tool, block or message at a time, never holding the body as a tree: the
 //! rules of [`CacheBreakpoints`] (owned here, re-exported by `messages`), read by
 //! serde visitors that skip what they do not look at. The same visitors read
-//! a parsed `Value` (the library's [`CacheBreakpoints::of_parts`]
-//! (crate::messages::CacheBreakpoints::of_parts)) and the text a caller sent
+//! a parsed `Value` (the library's [`CacheBreakpoints::of_parts`], re-exported
+//! by the messages module) and the text a caller sent
 //! (the proxy's `/v1/messages`, where a body of 380 000 blocks parsed as a
 //! `Value` held some 600 MiB).
 //!

@@ -172,7 +172,7 @@ pub enum Error {
         source: Option<Arc<dyn std::error::Error + Send + Sync>>,
     },
     /// A bearer token was refused: its signature, issuer, audience, lifetime
-    /// or claims do not verify ([`crate::identity`]). The token itself is
+    /// or claims do not verify (the identity module's `JwtVerifier`). The token itself is
     /// never part of the error.
     #[error("token refused ({}): {detail}", reason.as_str())]
     Unauthenticated {
