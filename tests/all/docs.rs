@@ -209,6 +209,30 @@ fn block_after(text: &str, heading: &str, lang: &str) -> String {
     text[start..start + len].to_owned()
 }
 
+/// Runs `command` (a `serve` line of the docs, in `sh`, on a free port) and waits for the line saying
+/// `listening on URL, …` (other start lines may come first): the child and the URL; panics with its stderr if it
+/// does not start.
+async fn start_serve(mut command: tokio::process::Command, shown: &str) -> (tokio::process::Child, String) {
+    let mut child =
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                return Some(rest.split(',').next().unwrap().to_owned());
+            }
+        }
+        None
+    });
+    let Ok(Some(url)) = listening.await else {
+        let mut err = String::new();
+        use tokio::io::AsyncReadExt;
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err).await;
+        panic!("`{shown}` did not start: {err}");
+    };
+    (child, url)
+}
+
 /// What `preview --json` injects for `user` with `config`, run in `dir`.
 fn preview(dir: &Path, config: &str, user: &str) -> String {
     let out = std::process::Command::new(MCP_CONTEXT)
@@ -294,34 +318,13 @@ async fn the_serve_quick_start_runs_as_written_on_a_fresh_clone() {
             env.push((k.to_owned(), v));
         } else if let Some(background) = line.strip_suffix('&') {
             // Any free port rather than 8787, so that runs side by side do not collide.
-            let mut child = tokio::process::Command::new("sh")
+            let mut command = tokio::process::Command::new("sh");
+            command
                 .args(["-c", &format!("exec {background} --listen 127.0.0.1:0")])
                 .current_dir(&clone)
                 .env_remove("OPENAI_API_KEY")
-                .envs(env.iter().cloned())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap();
-            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-            // The address is on the line saying `listening on URL, …` (other start lines may come first).
-            let listening = tokio::time::timeout(Duration::from_secs(60), async {
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some(rest) = line.split("listening on ").nth(1) {
-                        return Some(rest.split(',').next().unwrap().to_owned());
-                    }
-                }
-                None
-            });
-            let Ok(Some(url)) = listening.await else {
-                let mut err = String::new();
-                use tokio::io::AsyncReadExt;
-                let _ = child.stderr.take().unwrap().read_to_string(&mut err).await;
-                panic!("`{background}` did not start: {err}");
-            };
-            proxy = Some((child, url));
+                .envs(env.iter().cloned());
+            proxy = Some(start_serve(command, background).await);
         } else {
             let url = &proxy.as_ref().expect("serve is started first").1;
             let out = tokio::process::Command::new("sh")
@@ -378,29 +381,15 @@ async fn the_claude_code_quick_start_gives_claude_code_alices_context() {
     let stand = crate::messages::Stand::start().await;
     let bins = bin_dir();
     let path = format!("{}:{}", bins.path().display(), std::env::var("PATH").unwrap_or_default());
-    let mut child = tokio::process::Command::new("sh")
+    let mut command = tokio::process::Command::new("sh");
+    command
         .args(["-c", &format!("exec env {serve} --listen 127.0.0.1:0")])
         .current_dir(ROOT)
         .env("PATH", &path)
         .env("ANTHROPIC_UPSTREAM", &stand.base)
         .env("MCP_TEST_TAG", tag())
-        .env_remove("OPENAI_API_KEY")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let listening = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Ok(Some(line)) = out.next_line().await {
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                return Some(rest.split(',').next().unwrap().to_owned());
-            }
-        }
-        None
-    });
-    let Ok(Some(url)) = listening.await else { panic!("`{serve}` did not start") };
+        .env_remove("OPENAI_API_KEY");
+    let (mut child, url) = start_serve(command, &serve).await;
     let words: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(words.last(), Some(&"claude"), "{}", lines[1]);
     assert!(words.contains(&"ANTHROPIC_BASE_URL=http://127.0.0.1:8787"), "the base URL without /v1: {}", lines[1]);
